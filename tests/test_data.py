@@ -1,0 +1,345 @@
+"""Tests for fedbayes_flwr.data: dataset loading and client partitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedbayes_flwr.data import (
+    DATASETS,
+    PARTITIONS,
+    DataError,
+    Dataset,
+    load_dataset,
+    partition_indices,
+)
+
+MODELS = ("gaussian-mean", "linear-regression", "logistic-regression")
+
+
+@pytest.fixture(scope="module")
+def cancer() -> Dataset:
+    return load_dataset("breast-cancer", "logistic-regression")
+
+
+def _check_float(a: np.ndarray, shape: tuple[int, ...]) -> None:
+    assert a.dtype == np.float64
+    assert a.flags.c_contiguous
+    assert a.shape == shape
+
+
+def _check_cover(parts: list[np.ndarray], n: int, k: int) -> None:
+    assert len(parts) == k
+    for p in parts:
+        assert p.dtype == np.int64
+        assert p.size > 0
+        assert np.all(np.diff(p) > 0)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(n))
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _mean_tv(labels: np.ndarray, parts: list[np.ndarray]) -> float:
+    classes = np.unique(labels)
+    glob = np.array([np.mean(labels == c) for c in classes])
+    tvs = [
+        0.5 * np.abs(np.array([np.mean(labels[p] == c) for c in classes]) - glob).sum()
+        for p in parts
+    ]
+    return float(np.mean(tvs))
+
+
+# ------------------------------------------------------------------------ embedded
+
+
+def test_constants():
+    assert DATASETS == ("breast-cancer", "diabetes", "synthetic")
+    assert PARTITIONS == ("iid", "dirichlet", "pathological", "natural")
+    assert issubclass(DataError, ValueError)
+
+
+def test_breast_cancer(cancer):
+    d = cancer
+    _check_float(d.x_train, (455, 30))
+    _check_float(d.x_test, (114, 30))
+    assert d.y_train.dtype == np.int64 and d.y_test.dtype == np.int64
+    assert d.y_train.shape == (455,) and d.y_test.shape == (114,)
+    assert set(np.unique(d.y_train)) == {0, 1}
+    assert d.client_id is None and d.name == "breast-cancer"
+    np.testing.assert_allclose(d.x_train.mean(axis=0), 0.0, atol=1e-9)
+    np.testing.assert_allclose(d.x_train.std(axis=0), 1.0, atol=1e-9)
+    # Stratified: class balance of both sides close to the whole set.
+    assert abs(d.y_train.mean() - d.y_test.mean()) < 0.02
+    # Fixed split: deterministic and independent of the run seed.
+    other = load_dataset("breast-cancer", "logistic-regression", seed=123)
+    for a, b in zip(d, other, strict=True):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_diabetes():
+    d = load_dataset("diabetes", "linear-regression", seed=5)
+    _check_float(d.x_train, (353, 10))
+    _check_float(d.x_test, (89, 10))
+    _check_float(d.y_train, (353,))
+    _check_float(d.y_test, (89,))
+    np.testing.assert_allclose(d.x_train.mean(axis=0), 0.0, atol=1e-9)
+    np.testing.assert_allclose(d.x_train.std(axis=0), 1.0, atol=1e-9)
+    assert abs(d.y_train.mean()) < 1e-9 and abs(d.y_train.std() - 1.0) < 1e-9
+    np.testing.assert_array_equal(d.y_test, load_dataset("diabetes", "linear-regression").y_test)
+
+
+@pytest.mark.parametrize(
+    ("name", "model", "needle"),
+    [
+        ("breast-cancer", "linear-regression", "logistic-regression"),
+        ("breast-cancer", "gaussian-mean", "logistic-regression"),
+        ("diabetes", "logistic-regression", "linear-regression"),
+        ("mnist", "logistic-regression", "breast-cancer, diabetes, synthetic"),
+        ("synthetic", "poisson", "unknown model"),
+    ],
+)
+def test_bad_dataset_model(name, model, needle):
+    with pytest.raises(DataError, match=needle):
+        load_dataset(name, model)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+def test_bad_test_fraction(fraction):
+    with pytest.raises(DataError, match="test fraction"):
+        load_dataset("synthetic", "gaussian-mean", test_fraction=fraction)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_synthetic(model):
+    d = load_dataset("synthetic", model, seed=1, synthetic_size=50, synthetic_dim=4)
+    _check_float(d.x_train, (40, 4))
+    _check_float(d.x_test, (10, 4))
+    assert d.name == "synthetic" and d.client_id is None
+    if model == "gaussian-mean":
+        assert d.y_train is None and d.y_test is None
+    elif model == "linear-regression":
+        _check_float(d.y_train, (40,))
+        _check_float(d.y_test, (10,))
+    else:
+        assert d.y_train.dtype == np.int64 and d.y_train.shape == (40,)
+        assert set(np.unique(np.concatenate([d.y_train, d.y_test]))) <= {0, 1}
+    again = load_dataset("synthetic", model, seed=1, synthetic_size=50, synthetic_dim=4)
+    other = load_dataset("synthetic", model, seed=2, synthetic_size=50, synthetic_dim=4)
+    np.testing.assert_array_equal(d.x_train, again.x_train)
+    if d.y_train is not None:
+        np.testing.assert_array_equal(d.y_train, again.y_train)
+    assert not np.array_equal(d.x_train, other.x_train)
+
+
+def test_synthetic_tiny_keeps_one_row_each_side():
+    d = load_dataset("synthetic", "linear-regression", synthetic_size=2, test_fraction=0.01)
+    assert d.x_train.shape[0] == 1 and d.x_test.shape[0] == 1
+
+
+# ----------------------------------------------------------------------------- npz
+
+
+def _write(tmp_path, **arrays) -> str:
+    path = tmp_path / "data.npz"
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_npz_with_test_set(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((20, 3)), rng.standard_normal(20)
+    xt, yt = rng.standard_normal((5, 3)), rng.standard_normal(5)
+    path = _write(tmp_path, x_train=x, y_train=y, x_test=xt, y_test=yt)
+    d = load_dataset("breast-cancer", "linear-regression", data_file=path)
+    assert d.name == "file:data.npz"
+    np.testing.assert_array_equal(d.x_train, x)  # not standardised
+    np.testing.assert_array_equal(d.y_train, y)
+    np.testing.assert_array_equal(d.x_test, xt)
+    np.testing.assert_array_equal(d.y_test, yt)
+    assert d.client_id is None
+
+
+def test_npz_split_and_client_id(tmp_path):
+    n = 30
+    x = np.arange(n, dtype=np.float64)  # 1-D -> (n, 1)
+    y = (np.arange(n) % 2).astype(np.int32)
+    cid = np.repeat(np.array([7, 3, 5]), 10)
+    path = _write(tmp_path, x_train=x, y_train=y, client_id=cid)
+    d = load_dataset("x", "logistic-regression", data_file=path, seed=4, test_fraction=0.2)
+    _check_float(d.x_train, (24, 1))
+    _check_float(d.x_test, (6, 1))
+    assert d.y_train.dtype == np.int64 and d.client_id.dtype == np.int64
+    rows = np.concatenate([d.x_train[:, 0], d.x_test[:, 0]]).astype(int)
+    assert np.array_equal(np.sort(rows), np.arange(n))
+    train_rows = d.x_train[:, 0].astype(int)
+    np.testing.assert_array_equal(d.y_train, y[train_rows])
+    np.testing.assert_array_equal(d.client_id, cid[train_rows])
+    again = load_dataset("x", "logistic-regression", data_file=path, seed=4)
+    other = load_dataset("x", "logistic-regression", data_file=path, seed=5)
+    np.testing.assert_array_equal(d.x_test, again.x_test)
+    assert not np.array_equal(d.x_test, other.x_test)
+
+
+def test_npz_gaussian_mean_needs_only_x(tmp_path):
+    path = _write(tmp_path, x_train=np.ones((10, 2)), x_test=np.zeros((3, 2)))
+    d = load_dataset("synthetic", "gaussian-mean", data_file=path)
+    assert d.y_train is None and d.y_test is None
+    assert d.x_test.shape == (3, 2)
+
+
+_X = np.zeros((6, 2))
+_Y01 = np.array([0, 1, 0, 1, 0, 1])
+
+
+@pytest.mark.parametrize(
+    ("model", "arrays", "needle"),
+    [
+        ("gaussian-mean", {"y_train": _Y01}, "x_train"),
+        ("linear-regression", {"x_train": _X}, "y_train"),
+        ("logistic-regression", {"x_train": _X}, "y_train"),
+        ("linear-regression", {"x_train": _X, "y_train": np.zeros(5)}, "y_train"),
+        ("linear-regression", {"x_train": _X, "y_train": np.zeros(6), "x_test": _X}, "x_test"),
+        ("linear-regression", {"x_train": _X, "y_train": np.zeros(6), "y_test": _Y01}, "y_test"),
+        (
+            "linear-regression",
+            {
+                "x_train": _X,
+                "y_train": np.zeros(6),
+                "x_test": np.zeros((2, 3)),
+                "y_test": np.zeros(2),
+            },
+            "x_test.*3 features",
+        ),
+        ("gaussian-mean", {"x_train": np.array([[1.0, np.nan]] * 3)}, "non-finite"),
+        (
+            "linear-regression",
+            {"x_train": _X, "y_train": np.array([0, 1, np.inf, 0, 0, 0])},
+            "y_train.*non-finite",
+        ),
+        (
+            "logistic-regression",
+            {"x_train": _X, "y_train": np.array([0, 1, 2, 3, 2, 1])},
+            r"labels must be 0 or 1, found \[2, 3\]",
+        ),
+        ("gaussian-mean", {"x_train": _X, "client_id": np.arange(5)}, "client_id"),
+        (
+            "gaussian-mean",
+            {"x_train": _X, "client_id": np.array([0, 1, 2, -1, 0, 0])},
+            "client_id.*>= 0",
+        ),
+        (
+            "gaussian-mean",
+            {"x_train": _X, "client_id": np.linspace(0, 1, 6)},
+            "client_id.*integers",
+        ),
+    ],
+)
+def test_npz_errors(tmp_path, model, arrays, needle):
+    path = _write(tmp_path, **arrays)
+    with pytest.raises(DataError, match=needle) as info:
+        load_dataset("synthetic", model, data_file=path)
+    assert "data.npz" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_npz_missing_file(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_dataset("synthetic", "gaussian-mean", data_file=str(tmp_path / "nope.npz"))
+
+
+# ------------------------------------------------------------------------ partitions
+
+
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "pathological"])
+def test_partition_cover_and_determinism(cancer, scheme):
+    n = cancer.x_train.shape[0]
+    parts = partition_indices(cancer, 10, scheme, seed=3)
+    _check_cover(parts, n, 10)
+    assert _same(parts, partition_indices(cancer, 10, scheme, seed=3))
+    if scheme != "pathological":  # pathological with 2 labels x 2 per client is seed-free
+        assert not _same(parts, partition_indices(cancer, 10, scheme, seed=4))
+
+
+def test_iid_is_balanced(cancer):
+    sizes = [p.size for p in partition_indices(cancer, 10, "iid")]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dirichlet_small_alpha_works_and_is_skewed(cancer, seed):
+    n = cancer.x_train.shape[0]
+    skewed = partition_indices(cancer, 10, "dirichlet", alpha=0.1, seed=seed)
+    _check_cover(skewed, n, 10)
+    iid = partition_indices(cancer, 10, "iid", seed=seed)
+    assert _mean_tv(cancer.y_train, skewed) > _mean_tv(cancer.y_train, iid) + 0.1
+
+
+def test_dirichlet_impossible_alpha(cancer):
+    with pytest.raises(DataError, match="larger alpha or fewer clients"):
+        partition_indices(cancer, 10, "dirichlet", alpha=1e-4)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("scheme", ["dirichlet", "pathological"])
+def test_label_schemes_on_continuous_data(model, scheme):
+    d = load_dataset("synthetic", model, synthetic_size=125, seed=2)
+    parts = partition_indices(d, 5, scheme, seed=1)
+    _check_cover(parts, 100, 5)
+
+
+def test_pathological_classes_per_client():
+    d = load_dataset("synthetic", "linear-regression", synthetic_size=250)
+    parts = partition_indices(d, 10, "pathological", classes_per_client=2, seed=0)
+    _check_cover(parts, 200, 10)
+    # Quantile bins of y: each client holds rows of at most 2 bins (2 contiguous ranges
+    # of y at most, so its y values span at most 2 of the 10 deciles).
+    edges = np.quantile(d.y_train, np.linspace(0, 1, 11)[1:-1])
+    for p in parts:
+        assert np.unique(np.searchsorted(edges, d.y_train[p], side="right")).size <= 2
+
+
+def test_pathological_one_class_each(cancer):
+    parts = partition_indices(cancer, 4, "pathological", classes_per_client=1)
+    _check_cover(parts, cancer.x_train.shape[0], 4)
+    assert all(np.unique(cancer.y_train[p]).size == 1 for p in parts)
+
+
+def test_pathological_errors(cancer):
+    with pytest.raises(DataError, match="exceeds the number of distinct labels"):
+        partition_indices(cancer, 4, "pathological", classes_per_client=3)
+    with pytest.raises(DataError, match="unassigned"):
+        partition_indices(cancer, 1, "pathological", classes_per_client=1)
+
+
+def test_natural(tmp_path):
+    cid = np.array([9, 2, 2, 5, 9, 9, 5, 2, 2, 9])
+    path = _write(tmp_path, x_train=np.arange(10.0), x_test=np.zeros(2), client_id=cid)
+    d = load_dataset("synthetic", "gaussian-mean", data_file=path)
+    parts = partition_indices(d, 3, "natural")
+    _check_cover(parts, 10, 3)
+    for k, natural in enumerate([2, 5, 9]):  # sorted ids -> clients 0..2
+        np.testing.assert_array_equal(parts[k], np.flatnonzero(cid == natural))
+    with pytest.raises(DataError, match="3 distinct client ids.*4"):
+        partition_indices(d, 4, "natural")
+
+
+def test_natural_needs_client_id(cancer):
+    with pytest.raises(DataError, match="needs a client_id"):
+        partition_indices(cancer, 2, "natural")
+
+
+def test_partition_errors(cancer):
+    with pytest.raises(DataError, match="cannot split 455 training rows over 456 clients"):
+        partition_indices(cancer, 456, "iid")
+    with pytest.raises(DataError, match="at least 1"):
+        partition_indices(cancer, 0, "iid")
+    with pytest.raises(DataError, match="iid, dirichlet, pathological, natural"):
+        partition_indices(cancer, 2, "shards")
+
+
+def test_single_client(cancer):
+    for scheme in ("iid", "dirichlet"):
+        _check_cover(partition_indices(cancer, 1, scheme), cancer.x_train.shape[0], 1)
