@@ -269,7 +269,7 @@ def run_in_process(config: RunConfig, output_dir: str | None = None,
 
 def evaluate_in_process(exp: Experiment, state: pvi.ServerState, clients: dict):
     """Global free energy from every client's term; returns (value, bytes down, bytes up)."""
-    terms, down = [], 0
+    terms, down, up = [], 0, 0
     for pid in range(exp.num_clients):
         message = pvi.EvalMessage(state.posterior, int(state.accepted_round[pid]))
         down += payload_nbytes(message)
@@ -277,7 +277,8 @@ def evaluate_in_process(exp: Experiment, state: pvi.ServerState, clients: dict):
         clients[pid], term = pvi.free_energy_term(clients[pid], message.posterior,
                                                   message.accepted_round, exp.model, x, y)
         terms.append(term)
-    return pvi.log_marginal_likelihood(state, terms), down, 8 * len(terms)
+        up += payload_nbytes(pvi.EvalReply(np.asarray([term], dtype=np.float64)))
+    return pvi.log_marginal_likelihood(state, terms), down, up
 
 
 def _posterior(state: pvi.ServerState):

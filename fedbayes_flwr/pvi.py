@@ -37,6 +37,9 @@ from .vi import VIConfig, fit_gaussian
 
 SCHEDULES = ("synchronous", "sequential")
 NO_ROUND = -1
+# Key prefixes of the encoded messages (see fedbayes_flwr.codec) and of the stored client state.
+KIND_TRAIN, KIND_REPLY, KIND_EVAL, KIND_TERM = "pvi.train", "pvi.reply", "pvi.eval", "pvi.term"
+KIND_STATE = "pvi.client-state"
 
 
 class PVIConfig(NamedTuple):
@@ -99,6 +102,19 @@ class EvalMessage(NamedTuple):
 
     posterior: NaturalGaussian
     accepted_round: int
+
+
+class EvalReply(NamedTuple):
+    """A client's free-energy term (a float64 array of shape (1,))."""
+
+    term: np.ndarray
+
+
+class TrainRequest(NamedTuple):
+    """Transport envelope: the server message plus the hyper-parameters the client must use."""
+
+    message: ServerMessage
+    config: PVIConfig
 
 
 class Rejection(NamedTuple):
