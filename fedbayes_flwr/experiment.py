@@ -238,9 +238,23 @@ def run_in_process(config: RunConfig, output_dir: str | None = None,
     """
     exp = build_experiment(config)
     recorder = Recorder(exp, "in-process", output_dir, progress)
+    for server_round, state, log in iterate_in_process(exp):
+        recorder.record(server_round, _posterior(state), log)
+    recorder.finish()
+    with open(os.path.join(recorder.output_dir, "result.json")) as f:
+        return json.load(f)
+
+
+def iterate_in_process(exp: Experiment, num_rounds: int | None = None):
+    """Yield ``(server_round, server_state, RoundLog)`` after every round (the in-process engine).
+
+    Mirrors :class:`strategies.PVIStrategy` message for message: the same selections, seeds, faults,
+    replies applied in partition order, and the free-energy evaluation after each round.
+    """
+    config = exp.config
     state = pvi.init_server(exp.prior, exp.num_clients)
     clients = {k: pvi.init_client(exp.prior) for k in range(exp.num_clients)}
-    for server_round in range(1, config.num_rounds + 1):
+    for server_round in range(1, (num_rounds or config.num_rounds) + 1):
         selected = pvi.select_clients(config.seed, server_round, exp.num_clients,
                                       exp.pvi_config.schedule)
         replies, down, up = [], 0, 0
@@ -260,11 +274,7 @@ def run_in_process(config: RunConfig, output_dir: str | None = None,
             replies.append((pid, reply))
         state, info = pvi.server_step(state, replies)
         lml, d2, u2 = evaluate_in_process(exp, state, clients)
-        recorder.record(server_round, _posterior(state),
-                        RoundLog(lml, down + d2, up + u2, info.rejected, info.accepted))
-    recorder.finish()
-    with open(os.path.join(recorder.output_dir, "result.json")) as f:
-        return json.load(f)
+        yield server_round, state, RoundLog(lml, down + d2, up + u2, info.rejected, info.accepted)
 
 
 def evaluate_in_process(exp: Experiment, state: pvi.ServerState, clients: dict):

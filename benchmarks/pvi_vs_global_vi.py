@@ -1,0 +1,345 @@
+#!/usr/bin/env python
+"""Benchmark: PVI (synchronous / sequential) against global VI, and Flower against in-process.
+
+Breast-cancer logistic regression (the default dataset and model), 10 clients. For each partition
+(iid, Dirichlet alpha = 0.1, Dirichlet alpha = 0.5) it runs, in-process:
+
+* synchronous PVI (damping 0.5, the default) for ``R`` rounds (10 client updates a round);
+* sequential PVI (damping 1.0 and 0.5) for ``10 R`` rounds (one client update a round), so both
+  schedules spend the same number of client updates (``10 R``);
+* global VI (one client with the pooled data) for ``R`` rounds; its final test NLL is the
+  reference (the ``damping = 1.0`` run; the default-damping run is recorded alongside).
+
+It records test NLL / accuracy per round, the first round (and client update) at which each PVI
+run's test NLL is within 1% of global VI's, and, for synchronous PVI on Dirichlet 0.5, the wall
+time per round of Flower's Simulation Engine against the in-process engine (same seed), checking
+that both give the same posterior.
+
+Usage::
+
+    .venv/bin/python benchmarks/pvi_vs_global_vi.py            # full run, a few minutes
+    .venv/bin/python benchmarks/pvi_vs_global_vi.py --quick    # smoke test, about a minute
+
+Results: ``benchmarks/results/pvi_vs_global_vi.json`` (written after every configuration) and
+``benchmarks/results/pvi_vs_global_vi_<partition>.png`` plus ``..._timing.png``. ``--quick``
+writes to a temporary directory instead (see ``--results-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+from fedbayes_flwr.config import parse_run_config  # noqa: E402
+from fedbayes_flwr.experiment import run_in_process  # noqa: E402
+from fedbayes_flwr.plots import plot_curves  # noqa: E402
+
+NAME = "pvi_vs_global_vi"
+NUM_CLIENTS = 10
+TOLERANCE = 0.01  # "within 1% of global VI's test NLL"
+# name -> (partition, partition-alpha)
+PARTITIONS = {
+    "iid": ("iid", 0.5),
+    "dirichlet-0.1": ("dirichlet", 0.1),
+    "dirichlet-0.5": ("dirichlet", 0.5),
+}
+# name -> (algorithm, schedule, damping, rounds multiplier, client updates per round)
+METHODS = {
+    "sync-pvi-d0.5": ("pvi", "synchronous", 0.5, 1, NUM_CLIENTS),
+    "seq-pvi-d1.0": ("pvi", "sequential", 1.0, NUM_CLIENTS, 1),
+    "seq-pvi-d0.5": ("pvi", "sequential", 0.5, NUM_CLIENTS, 1),
+    "global-vi-d1.0": ("global-vi", "synchronous", 1.0, 1, NUM_CLIENTS),
+    "global-vi-d0.5": ("global-vi", "synchronous", 0.5, 1, NUM_CLIENTS),
+}
+REFERENCE = "global-vi-d1.0"
+TIMING_PARTITION = "dirichlet-0.5"
+HEADLINE_PARTITION = "dirichlet-0.5"
+CURVE_KEYS = ("round", "test_nll", "test_accuracy", "test_ece", "test_brier",
+              "log_marginal_likelihood", "bytes_down", "bytes_up", "elapsed_s",
+              "rejected_replies")
+
+
+def run_config(method: str, partition: str, rounds: int, seed: int, output_dir: str) -> dict:
+    """The kebab-case run config of one (method, partition)."""
+    algorithm, schedule, damping, mult, _ = METHODS[method]
+    scheme, alpha = PARTITIONS[partition]
+    return {"algorithm": algorithm, "schedule": schedule, "damping": damping,
+            "partition": scheme, "partition-alpha": alpha, "num-clients": NUM_CLIENTS,
+            "num-rounds": rounds * mult, "seed": seed, "output-dir": output_dir}
+
+
+def curve(history: list[dict], updates_per_round: int) -> list[dict]:
+    """Per-round rows reduced to the benchmark's keys, plus cumulative client updates."""
+    rows = []
+    for h in history:
+        row = {k: h.get(k) for k in CURVE_KEYS}
+        row["client_updates"] = h["round"] * updates_per_round
+        rows.append(row)
+    return rows
+
+
+def rounds_to_within(rows: list[dict], reference: float, tol: float = TOLERANCE) -> dict:
+    """First round whose test NLL <= (1 + tol) * reference, and the first after which all stay."""
+    target = (1.0 + tol) * reference
+    hit = [r["test_nll"] is not None and r["test_nll"] <= target for r in rows]
+    first = next((r for r, ok in zip(rows, hit, strict=True) if ok), None)
+    stay = None
+    for i in range(len(rows) - 1, -1, -1):
+        if not hit[i]:
+            break
+        stay = rows[i]
+    return {"target_nll": target,
+            "round": None if first is None else first["round"],
+            "client_updates": None if first is None else first["client_updates"],
+            "round_stays_within": None if stay is None else stay["round"],
+            "client_updates_stays_within": None if stay is None else stay["client_updates"]}
+
+
+def health(rows: list[dict]) -> dict:
+    """Signs of trouble: rejected replies, non-finite metrics, NLL rising at the end."""
+    nll = [r["test_nll"] for r in rows]
+    finite = all(v is not None and math.isfinite(v) for v in nll)
+    best = min(nll) if finite else None
+    return {"rejected_replies": int(sum(r["rejected_replies"] or 0 for r in rows)),
+            "all_finite": finite,
+            "best_test_nll": best,
+            "final_over_best": None if not finite else nll[-1] / best}
+
+
+class Results:
+    """The JSON document, rewritten atomically after every change."""
+
+    def __init__(self, path: str, meta: dict):
+        self.path = path
+        self.doc = {**meta, "runs": {}, "reference": {}, "rounds_to_within_1pct": {},
+                    "final": {}, "headline": {}, "timing": None}
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.doc, f, indent=2, default=_json_default)
+        os.replace(tmp, self.path)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def run_partition(partition: str, args, results: Results) -> None:
+    """Every method on one partition, in-process; reference, rounds-to-1%, finals, plot."""
+    runs = results.doc["runs"].setdefault(partition, {})
+    for method in METHODS:
+        out = os.path.join(args.work_dir, partition, method)
+        cfg = run_config(method, partition, args.rounds, args.seed, out)
+        t0 = time.perf_counter()
+        result = run_in_process(parse_run_config(cfg), progress=False)
+        wall = time.perf_counter() - t0
+        rows = curve(result["history"], METHODS[method][4])
+        runs[method] = {"run_config": result["run_config"], "wall_s": round(wall, 3),
+                        "output_dir": out, "health": health(rows), "curve": rows}
+        results.write()
+        last = rows[-1]
+        print(f"[{partition:>13}] {method:<15} rounds={last['round']:>3} "
+              f"updates={last['client_updates']:>3} test_nll={last['test_nll']:.5f} "
+              f"acc={last['test_accuracy']:.4f} rejected={runs[method]['health']['rejected_replies']}"
+              f" wall={wall:.1f}s", flush=True)
+
+    ref = runs[REFERENCE]["curve"][-1]["test_nll"]
+    results.doc["reference"][partition] = {
+        "method": REFERENCE, "test_nll": ref,
+        "test_accuracy": runs[REFERENCE]["curve"][-1]["test_accuracy"],
+        "global_vi_default_damping_test_nll": runs["global-vi-d0.5"]["curve"][-1]["test_nll"]}
+    hits, finals = {}, {}
+    for method, run in runs.items():
+        if METHODS[method][0] != "pvi":
+            continue
+        hits[method] = rounds_to_within(run["curve"], ref)
+        nll = run["curve"][-1]["test_nll"]
+        finals[method] = {"test_nll": nll, "test_accuracy": run["curve"][-1]["test_accuracy"],
+                          "relative_gap_to_global_vi": (nll - ref) / ref}
+    for method in ("global-vi-d1.0", "global-vi-d0.5"):
+        finals[method] = {"test_nll": runs[method]["curve"][-1]["test_nll"],
+                          "test_accuracy": runs[method]["curve"][-1]["test_accuracy"]}
+    results.doc["rounds_to_within_1pct"][partition] = hits
+    results.doc["final"][partition] = finals
+    if partition == HEADLINE_PARTITION:
+        results.doc["headline"] = {
+            "partition": partition, "global_vi_test_nll": ref,
+            "after_rounds_sync": args.rounds,
+            **{f"{m}_test_nll": f["test_nll"] for m, f in finals.items()
+               if "relative_gap_to_global_vi" in f},
+            **{f"{m}_relative_gap": f["relative_gap_to_global_vi"] for m, f in finals.items()
+               if "relative_gap_to_global_vi" in f}}
+    results.write()
+    for method, h in hits.items():
+        print(f"[{partition:>13}] {method:<15} within 1% of global VI ({ref:.5f}): "
+              f"round={h['round']} updates={h['client_updates']} "
+              f"gap={finals[method]['relative_gap_to_global_vi']:+.2%}", flush=True)
+
+    curves = {method: [(r["client_updates"], r["test_nll"]) for r in run["curve"]]
+              for method, run in runs.items() if METHODS[method][0] == "pvi"}
+    plot_curves(curves, os.path.join(args.results_dir, f"{NAME}_{partition}.png"),
+                xlabel="client updates", ylabel="test NLL",
+                title=f"breast-cancer logistic regression, {NUM_CLIENTS} clients, {partition}",
+                hline=("global VI", ref))
+
+
+def run_engine(engine: str, partition: str, args) -> dict:
+    """Synchronous PVI through run_simulation.py (a fresh process) with one engine."""
+    out = os.path.join(args.work_dir, "timing", engine)
+    cfg = run_config("sync-pvi-d0.5", partition, args.rounds, args.seed, out)
+    overrides = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                         for k, v in cfg.items() if k != "output-dir")
+    cmd = [sys.executable, os.path.join(ROOT, "run_simulation.py"), "--engine", engine,
+           "--output-dir", out, "--run-config", overrides, "--quiet"]
+    log_path = os.path.join(args.work_dir, "timing", f"{engine}.log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            timeout=args.timeout).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"{engine} run failed (exit {rc}); see {log_path}")
+    with open(os.path.join(out, "result.json")) as f:
+        result = json.load(f)
+    with np.load(os.path.join(out, "posterior.npz")) as z:
+        mean = z["mean"].copy()
+    elapsed = [h["elapsed_s"] for h in result["history"]]
+    n = len(elapsed)
+    return {"engine": engine, "command": cmd, "log": log_path, "process_wall_s": round(wall, 3),
+            "rounds": n, "elapsed_s": elapsed,
+            "round_1_s": elapsed[0],
+            "total_s": elapsed[-1],
+            "mean_s_per_round_excl_round_1": (elapsed[-1] - elapsed[0]) / (n - 1) if n > 1 else None,
+            "mean_s_per_round_incl_round_1": elapsed[-1] / n,
+            "final_test_nll": result["final"]["test_nll"],
+            "final_log_marginal_likelihood": result["final"]["log_marginal_likelihood"],
+            "rejected_replies": int(sum(h["rejected_replies"] for h in result["history"])),
+            "history_test_nll": [h["test_nll"] for h in result["history"]],
+            "_mean": mean}
+
+
+def run_timing(args, results: Results) -> None:
+    """Flower Simulation Engine against the in-process engine, same config and seed."""
+    partition = TIMING_PARTITION
+    engines = {}
+    for engine in ("in-process", "simulation"):
+        engines[engine] = run_engine(engine, partition, args)
+        e = engines[engine]
+        print(f"[timing] {engine:<10} rounds={e['rounds']} total={e['total_s']:.2f}s "
+              f"per-round(excl. r1)={e['mean_s_per_round_excl_round_1']}s "
+              f"process={e['process_wall_s']:.1f}s test_nll={e['final_test_nll']:.6f}",
+              flush=True)
+    flw, inp = engines["simulation"], engines["in-process"]
+    mean_diff = float(np.max(np.abs(flw.pop("_mean") - inp.pop("_mean"))))
+    per_round = (flw["mean_s_per_round_excl_round_1"] / inp["mean_s_per_round_excl_round_1"]
+                 if inp["mean_s_per_round_excl_round_1"] else None)
+    bench_run = results.doc["runs"].get(partition, {}).get("sync-pvi-d0.5")
+    results.doc["timing"] = {
+        "config": run_config("sync-pvi-d0.5", partition, args.rounds, args.seed, "<per engine>"),
+        "note": "elapsed_s is measured by the server's Recorder from its creation (after data "
+                "loading; for Flower also after Ray start-up, but including node discovery). "
+                "Round 1 also includes TensorFlow tracing in every process, so the per-round "
+                "figure excludes it. Each Flower round is one train and one evaluate exchange.",
+        "engines": engines,
+        "ratio_flower_over_in_process_per_round_excl_round_1": per_round,
+        "ratio_flower_over_in_process_total": flw["total_s"] / inp["total_s"],
+        "ratio_flower_over_in_process_process_wall": flw["process_wall_s"] / inp["process_wall_s"],
+        "same_posterior_max_abs_diff_mean": mean_diff,
+        "test_nll_abs_diff": abs(flw["final_test_nll"] - inp["final_test_nll"]),
+        "log_marginal_likelihood_abs_diff": abs(flw["final_log_marginal_likelihood"]
+                                                - inp["final_log_marginal_likelihood"]),
+        "in_process_matches_benchmark_run": None if bench_run is None else
+        abs(bench_run["curve"][-1]["test_nll"] - inp["final_test_nll"]),
+    }
+    results.write()
+    t = results.doc["timing"]
+    print(f"[timing] flower/in-process per round (excl. r1) = {per_round:.2f}x, total = "
+          f"{t['ratio_flower_over_in_process_total']:.2f}x; max |mean diff| = {mean_diff:.2e}, "
+          f"|NLL diff| = {t['test_nll_abs_diff']:.2e}", flush=True)
+    plot_curves({engine: [(r, s) for r, s in enumerate(e["elapsed_s"], start=1)]
+                 for engine, e in engines.items()},
+                os.path.join(args.results_dir, f"{NAME}_timing.png"),
+                xlabel="round", ylabel="elapsed seconds (server)",
+                title=f"sync PVI, {partition}: Flower simulation vs in-process")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 2 rounds, Dirichlet 0.5 only, results in a temp dir")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="synchronous rounds R (sequential runs 10 R); default 10, quick 2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--partitions", nargs="+", choices=tuple(PARTITIONS), default=None,
+                        help="default: all (quick: dirichlet-0.5)")
+    parser.add_argument("--skip-flower", action="store_true", help="skip the engine timing")
+    parser.add_argument("--results-dir", default=None,
+                        help="where the JSON and plots go (default benchmarks/results; quick: "
+                             "<work-dir>/results)")
+    parser.add_argument("--work-dir", default=None,
+                        help="run output directories (default: a folder in the temp dir)")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds allowed for each run_simulation.py process")
+    args = parser.parse_args(argv)
+    suffix = "_quick" if args.quick else ""
+    args.work_dir = os.path.abspath(
+        args.work_dir or os.path.join(tempfile.gettempdir(), f"fedbayes_{NAME}{suffix}"))
+    if args.results_dir is None:
+        args.results_dir = (os.path.join(args.work_dir, "results") if args.quick
+                            else os.path.join(ROOT, "benchmarks", "results"))
+    args.results_dir = os.path.abspath(args.results_dir)
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 10
+    if args.partitions is None:
+        args.partitions = [HEADLINE_PARTITION] if args.quick else list(PARTITIONS)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.results_dir, exist_ok=True)
+    os.makedirs(args.work_dir, exist_ok=True)
+    path = os.path.join(args.results_dir, f"{NAME}.json")
+    meta = {"benchmark": NAME, "quick": args.quick, "dataset": "breast-cancer",
+            "model": "logistic-regression", "num_clients": NUM_CLIENTS, "seed": args.seed,
+            "sync_rounds": args.rounds, "sequential_rounds": args.rounds * NUM_CLIENTS,
+            "tolerance": TOLERANCE, "reference_method": REFERENCE,
+            "methods": {m: dict(zip(("algorithm", "schedule", "damping", "rounds_multiplier",
+                                     "client_updates_per_round"), v, strict=True))
+                        for m, v in METHODS.items()},
+            "partitions": {p: dict(zip(("partition", "partition_alpha"), PARTITIONS[p],
+                                       strict=True)) for p in args.partitions},
+            "work_dir": args.work_dir, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    results = Results(path, meta)
+    print(f"results -> {path}; run outputs -> {args.work_dir}", flush=True)
+    t0 = time.perf_counter()
+    for partition in args.partitions:
+        run_partition(partition, args, results)
+    if not args.skip_flower:
+        run_timing(args, results)
+    results.doc["benchmark_wall_s"] = round(time.perf_counter() - t0, 1)
+    results.write()
+    print(f"done in {results.doc['benchmark_wall_s']:.0f}s: {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Helpers for tests that drive the ``flwr`` CLI and Flower's local SuperLink.
+
+Everything here is keyed to a *private* ``FLWR_HOME`` (a pytest ``tmp_path``): the environment of
+every Flower process a test starts carries ``FLWR_HOME=<that dir>``, so the test can find exactly
+its own processes by PID (``/proc/<pid>/environ``) and stop them, never anybody else's.
+
+Flower 1.42 facts used here (read from the installed ``flwr`` source):
+
+* ``flwr run`` / ``flwr ls`` read connections from ``$FLWR_HOME/config.toml``; ``address =
+  ":local:"`` makes the CLI start a *detached* local SuperLink (``start_new_session=True``, output
+  to ``$FLWR_HOME/local-superlink/superlink.log``) unless one answers on
+  ``http://127.0.0.1:$FLWR_LOCAL_SUPERLINK_HTTP_API_PORT/health`` (default 39091). The PID is not
+  recorded anywhere, so :func:`local_superlink_pids` finds it in ``/proc``.
+* In 1.42 the SuperLink serves all its APIs over one HTTP port, so choosing that port (and the
+  deprecated control port) via the environment isolates a test from other SuperLinks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+APP_ITEMS = ("pyproject.toml", "README.md", "fedbayes_flwr", "strategies", "clients")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flwr_env(flwr_home: Path, superlink_port: int, control_port: int) -> dict[str, str]:
+    """Environment for ``flwr`` commands: private home, own ports, offline and quiet."""
+    env = os.environ.copy()
+    bin_dir = str(Path(sys.executable).parent)  # flwr, flower-superlink, flwr-serverapp ...
+    env.update({
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(superlink_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+    })
+    return env
+
+
+def write_local_simulation_config(flwr_home: Path, num_supernodes: int,
+                                  num_cpus: int = 1) -> Path:
+    """``$FLWR_HOME/config.toml`` with one default connection ``local`` (managed SuperLink).
+
+    ``options.*`` is the SuperLink connection's simulation configuration (1.42 still honours it,
+    with a deprecation notice pointing at ``--federation-config``).
+    """
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / "config.toml"
+    path.write_text(
+        "[superlink]\n"
+        'default = "local"\n'
+        "\n"
+        "[superlink.local]\n"
+        'address = ":local:"\n'
+        f"options.num-supernodes = {num_supernodes}\n"
+        f"options.backend.client-resources.num-cpus = {num_cpus}\n"
+        "options.backend.client-resources.num-gpus = 0.0\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def copy_app(dest: Path) -> Path:
+    """Copy the Flower app (sources and pyproject only) to ``dest`` and return it."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in APP_ITEMS:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float,
+            log: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a CLI command; stdout and stderr together; appended to ``log`` when given."""
+    proc = subprocess.run(args, env=env, cwd=cwd, timeout=timeout, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, check=False)
+    if log is not None:
+        with log.open("a", encoding="utf-8") as f:
+            f.write(f"$ {' '.join(args)}  (rc={proc.returncode})\n{proc.stdout}\n")
+    return proc
+
+
+def started_run_id(output: str) -> int:
+    """The run id from ``flwr run`` output (``Successfully started run <id>``)."""
+    match = re.search(r"Successfully started run (\d+)", output)
+    if match is None:
+        raise AssertionError(f"`flwr run` did not start a run:\n{output}")
+    return int(match.group(1))
+
+
+def last_json_object(output: str) -> dict:
+    """The last top-level JSON object printed in ``output`` (rich may pretty-print it)."""
+    decoder = json.JSONDecoder()
+    found = None
+    for start in (m.start() for m in re.finditer(r"^\{", output, flags=re.MULTILINE)):
+        try:
+            found, _ = decoder.raw_decode(output[start:])
+        except json.JSONDecodeError:
+            continue
+    if found is None:
+        raise AssertionError(f"no JSON object in output:\n{output}")
+    return found
+
+
+def run_status(run_id: int, env: dict[str, str], cwd: Path, timeout: float = 30.0,
+               log: Path | None = None) -> dict:
+    """``flwr ls --run-id ID --format json`` -> that run's entry (``status`` etc.)."""
+    proc = run_cli(["flwr", "ls", "--run-id", str(run_id), "--format", "json"], env, cwd,
+                   timeout, log)
+    payload = last_json_object(proc.stdout)
+    assert proc.returncode == 0 and payload.get("success"), proc.stdout
+    (entry,) = [r for r in payload["runs"] if int(r["run-id"]) == run_id]
+    return entry
+
+
+def wait_finished(run_id: int, env: dict[str, str], cwd: Path, deadline_s: float,
+                  log: Path | None = None) -> dict:
+    """Poll the run's status until it is ``finished:*`` (or the deadline passes)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        entry = run_status(run_id, env, cwd, log=log)
+        if entry["status"].startswith("finished") or time.monotonic() > end:
+            return entry
+        time.sleep(0.5)
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _has_env(pid: int, key: str, value: str) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours
+        return False
+    return f"{key}={value}".encode() in raw.split(b"\0")
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    """True for a live process; zombies count as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def local_superlink_pids(flwr_home: Path) -> list[int]:
+    """PIDs of ``flower-superlink`` processes started for ``flwr_home`` (by ``flwr`` or us)."""
+    log_file = str(flwr_home / "local-superlink" / "superlink.log")
+    out = []
+    for pid in _pids():
+        argv = _cmdline(pid)
+        if any(a.endswith("flower-superlink") for a in argv) and log_file in argv:
+            out.append(pid)
+    return out
+
+
+def processes_of(flwr_home: Path) -> list[int]:
+    """PIDs of live processes (other than this one) whose environment has this FLWR_HOME."""
+    me = os.getpid()
+    return [pid for pid in _pids()
+            if pid != me and _has_env(pid, "FLWR_HOME", str(flwr_home)) and _alive(pid)]
+
+
+def describe(pids: list[int]) -> str:
+    return "\n".join(f"{pid}: {' '.join(_cmdline(pid))[:200]}" for pid in pids)
+
+
+def stop_pids(pids: list[int], grace_s: float = 10.0) -> list[int]:
+    """SIGTERM each PID (and its process group when it leads one), SIGKILL what outlives
+    ``grace_s``; return the PIDs that were still alive after SIGKILL."""
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == pid:  # detached SuperLink: own session and group
+                os.killpg(pid, signal.SIGTERM)
+            else:
+                os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+def stop_flower(flwr_home: Path) -> list[int]:
+    """Stop the local SuperLink of ``flwr_home`` by PID, then anything else that carries this
+    FLWR_HOME (ServerApp / simulation / Ray processes). Returns the PIDs stopped."""
+    stopped = local_superlink_pids(flwr_home)
+    stop_pids(stopped)
+    rest = processes_of(flwr_home)
+    stop_pids(rest)
+    return stopped + rest

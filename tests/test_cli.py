@@ -1,0 +1,89 @@
+"""Bad CLI input exits non-zero with one clear line; a good in-process run writes its files."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import run_simulation  # noqa: E402
+
+
+def _npz(tmp_path, name="d.npz", **arrays):
+    path = tmp_path / name
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def _bad_cases(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20, 3))
+    y = (rng.uniform(size=20) > 0.5).astype(int)
+    return [
+        (["--algorithm", "nope"], "unknown algorithm 'nope'"),
+        (["--model", "nope"], "unknown model 'nope'"),
+        (["--dataset", "nope"], "unknown dataset 'nope'"),
+        (["--dataset", "breast-cancer", "--model", "linear-regression"], "breast-cancer"),
+        (["--data", _npz(tmp_path, "a.npz", y_train=y)], "x_train"),
+        (["--data", _npz(tmp_path, "b.npz", x_train=x, y_train=y[:15])], "y_train"),
+        (["--data", _npz(tmp_path, "c.npz", x_train=x, y_train=y + 2)], "0 or 1"),
+        (["--data", _npz(tmp_path, "e.npz", x_train=x, y_train=y, x_test=x[:, :2], y_test=y)],
+         "x_test"),
+        (["--data", _npz(tmp_path, "f.npz", x_train=x, y_train=y), "--num-clients", "30"],
+         "cannot split"),
+        (["--data", str(tmp_path / "missing.npz")], "missing.npz"),
+        (["--run-config", "damping=2.0"], "damping"),
+        (["--run-config", "no-such-key=1"], "unknown run-config key 'no-such-key'"),
+        (["--run-config", "schedule='weekly'"], "unknown schedule"),
+    ]
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    for argv, expected in _bad_cases(tmp_path):
+        code = run_simulation.main([*argv, "--output-dir", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2, argv
+        assert len(err.splitlines()) == 1, (argv, err)
+        assert err.startswith("error: ") and expected in err, (argv, err)
+
+
+def test_bad_input_through_the_real_process(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_simulation.py"),
+                           "--model", "nope"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: model: unknown model 'nope'")
+
+
+def test_in_process_run_writes_results(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = run_simulation.main(["--engine", "in-process", "--model", "linear-regression",
+                                "--dataset", "diabetes", "--num-clients", "4", "--num-rounds", "3",
+                                "--output-dir", str(out), "--quiet",
+                                "--run-config", "schedule='sequential' damping=1.0"])
+    assert code == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["run_config"]["schedule"] == "sequential"
+    assert [h["round"] for h in result["history"]] == [1, 2, 3]
+    for key in ("test_rmse", "test_nll", "log_marginal_likelihood", "bytes_down", "bytes_up",
+                "elapsed_s", "rejected_replies"):
+        assert key in result["history"][0]
+    assert result["final"]["round"] == 3
+    post = np.load(out / result["posterior_file"])
+    assert {"mean", "std", "cov"} <= set(post.files)
+    assert (out / "metrics.png").stat().st_size > 1000
+
+
+def test_posterior_file_for_classifier_has_reliability_plot(tmp_path):
+    out = tmp_path / "clf"
+    code = run_simulation.main(["--engine", "in-process", "--num-clients", "2", "--num-rounds", "1",
+                                "--output-dir", str(out), "--quiet", "--run-config",
+                                "local-steps=50"])
+    assert code == 0
+    assert (out / "reliability.png").exists()
+    post = np.load(out / "posterior.npz")
+    assert post["mean"].shape == post["std"].shape == (31,)  # 30 weights + intercept
+    assert post["cov"].shape == (31, 31)
