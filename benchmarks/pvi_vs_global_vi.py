@@ -61,8 +61,8 @@ METHODS = {
     "sync-pvi-d0.5": ("pvi", "synchronous", 0.5, 1, NUM_CLIENTS),
     "seq-pvi-d1.0": ("pvi", "sequential", 1.0, NUM_CLIENTS, 1),
     "seq-pvi-d0.5": ("pvi", "sequential", 0.5, NUM_CLIENTS, 1),
-    "global-vi-d1.0": ("global-vi", "synchronous", 1.0, 1, NUM_CLIENTS),
-    "global-vi-d0.5": ("global-vi", "synchronous", 0.5, 1, NUM_CLIENTS),
+    "global-vi-d1.0": ("global-vi", "synchronous", 1.0, 1, 1),
+    "global-vi-d0.5": ("global-vi", "synchronous", 0.5, 1, 1),
 }
 REFERENCE = "global-vi-d1.0"
 TIMING_PARTITION = "dirichlet-0.5"
@@ -157,8 +157,8 @@ def run_partition(partition: str, args, results: Results) -> None:
         last = rows[-1]
         print(f"[{partition:>13}] {method:<15} rounds={last['round']:>3} "
               f"updates={last['client_updates']:>3} test_nll={last['test_nll']:.5f} "
-              f"acc={last['test_accuracy']:.4f} rejected={runs[method]['health']['rejected_replies']}"
-              f" wall={wall:.1f}s", flush=True)
+              f"acc={last['test_accuracy']:.4f} "
+              f"rejected={runs[method]['health']['rejected_replies']} wall={wall:.1f}s", flush=True)
 
     ref = runs[REFERENCE]["curve"][-1]["test_nll"]
     results.doc["reference"][partition] = {
@@ -223,11 +223,12 @@ def run_engine(engine: str, partition: str, args) -> dict:
         mean = z["mean"].copy()
     elapsed = [h["elapsed_s"] for h in result["history"]]
     n = len(elapsed)
+    per_round = (elapsed[-1] - elapsed[0]) / (n - 1) if n > 1 else None
     return {"engine": engine, "command": cmd, "log": log_path, "process_wall_s": round(wall, 3),
             "rounds": n, "elapsed_s": elapsed,
             "round_1_s": elapsed[0],
             "total_s": elapsed[-1],
-            "mean_s_per_round_excl_round_1": (elapsed[-1] - elapsed[0]) / (n - 1) if n > 1 else None,
+            "mean_s_per_round_excl_round_1": per_round,
             "mean_s_per_round_incl_round_1": elapsed[-1] / n,
             "final_test_nll": result["final"]["test_nll"],
             "final_log_marginal_likelihood": result["final"]["log_marginal_likelihood"],
@@ -244,7 +245,7 @@ def run_timing(args, results: Results) -> None:
         engines[engine] = run_engine(engine, partition, args)
         e = engines[engine]
         print(f"[timing] {engine:<10} rounds={e['rounds']} total={e['total_s']:.2f}s "
-              f"per-round(excl. r1)={e['mean_s_per_round_excl_round_1']}s "
+              f"per-round(excl. r1)={e['mean_s_per_round_excl_round_1'] or float('nan'):.3f}s "
               f"process={e['process_wall_s']:.1f}s test_nll={e['final_test_nll']:.6f}",
               flush=True)
     flw, inp = engines["simulation"], engines["in-process"]

@@ -113,7 +113,16 @@ def decode(content: RecordDict, kind: str, template):
     version = config.get("schema-version")
     if version != SCHEMA_VERSION:
         raise CodecError("schema-version", f"got {version!r}, expected {SCHEMA_VERSION}")
-    return _rebuild(template, kind, arrays, config)
+    try:
+        return _rebuild(template, kind, arrays, config)
+    except CodecError as err:  # name the field relative to the message (delta.eta1)
+        raise CodecError(err.field.removeprefix(f"{kind}."), err.reason) from None
+
+
+def received_nbytes(content: RecordDict) -> int:
+    """Array payload bytes of a received record dict, decodable or not."""
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+               for record in content.array_records.values() for a in record.values())
 
 
 def config_of(content: RecordDict) -> ConfigRecord:

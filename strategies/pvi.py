@@ -110,10 +110,9 @@ class PVIStrategy(Strategy):
             if reply.has_error():
                 seen[pid] = pvi.Rejection(pid, "reply", f"client error: {reply.error.reason}")
             else:
+                self._bytes[1] += codec.received_nbytes(reply.content)
                 try:
-                    body = codec.decode(reply.content, kind, template)
-                    self._bytes[1] += payload_nbytes(body)
-                    seen[pid] = body
+                    seen[pid] = codec.decode(reply.content, kind, template)
                 except codec.CodecError as err:
                     seen[pid] = pvi.Rejection(pid, err.field, err.reason)
         for pid in expected:

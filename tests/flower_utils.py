@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,8 +83,6 @@ def write_local_simulation_config(flwr_home: Path, num_supernodes: int,
 
 def copy_app(dest: Path) -> Path:
     """Copy the Flower app (sources and pyproject only) to ``dest`` and return it."""
-    import shutil
-
     dest.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in APP_ITEMS:

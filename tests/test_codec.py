@@ -54,7 +54,7 @@ def test_decode_names_the_bad_field(mutate, field, reason):
     mutate(rd)
     with pytest.raises(codec.CodecError, match=reason) as err:
         codec.decode(rd, pvi.KIND_REPLY, _reply())
-    assert err.value.field.endswith(field)
+    assert err.value.field == field
 
 
 def test_client_state_store_and_load():

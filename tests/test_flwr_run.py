@@ -15,12 +15,6 @@ import sys
 
 import numpy as np
 import pytest
-
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr import models
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.experiment import build_experiment
-
 from flower_utils import (
     REPO,
     copy_app,
@@ -36,6 +30,11 @@ from flower_utils import (
     write_local_simulation_config,
 )
 
+from fedbayes_flwr import gaussian as G
+from fedbayes_flwr import models
+from fedbayes_flwr.config import parse_run_config
+from fedbayes_flwr.experiment import build_experiment
+
 pytestmark = [
     pytest.mark.flower,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds PIDs in /proc"),
@@ -50,10 +49,16 @@ def _sha256(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _tree(root) -> dict[str, str]:
+    return {str(p.relative_to(root)): _sha256(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
 def test_flwr_run_simulation_engine(tmp_path):
     repo_pyproject = _sha256(REPO / "pyproject.toml")
     flwr_home = tmp_path / "flwr-home"
     app = copy_app(tmp_path / "app")
+    app_tree = _tree(app)
     out_dir = (tmp_path / "out").resolve()
     log = tmp_path / "flwr-cli.log"
     write_local_simulation_config(flwr_home, num_supernodes=NUM_CLIENTS, num_cpus=1)
@@ -79,21 +84,25 @@ def test_flwr_run_simulation_engine(tmp_path):
         entry = wait_finished(run_id, env, cwd=app, deadline_s=30, log=log)
         assert entry["status"] == "finished:completed", (entry, proc.stdout)
     finally:
+        if log.exists():
+            print(log.read_text()[-8000:])  # shown by pytest when the test fails
         stopped = stop_flower(flwr_home)
         leftover = processes_of(flwr_home)
         assert not leftover, f"Flower processes left running:\n{describe(leftover)}"
         assert set(superlink_pids) <= set(stopped)
-        if log.exists():
-            print(log.read_text()[-6000:])
 
     # The repo's app is untouched, and so is the copy (no federations section to migrate).
     assert _sha256(REPO / "pyproject.toml") == repo_pyproject
-    assert _sha256(app / "pyproject.toml") == repo_pyproject
+    assert _tree(app) == app_tree
 
     result = json.loads((out_dir / "result.json").read_text())
     assert len(result["history"]) == NUM_ROUNDS
     assert [row["round"] for row in result["history"]] == list(range(1, NUM_ROUNDS + 1))
     assert result["num_clients"] == NUM_CLIENTS
+    assert result["engine"] == "simulation"
+    for row in result["history"]:  # every simulated SuperNode answered, every reply accepted
+        assert row["clients"] == list(range(NUM_CLIENTS))
+        assert row["rejected_replies"] == 0
     assert result["run_config"]["model"] == "linear-regression"
 
     exp = build_experiment(parse_run_config(overrides))

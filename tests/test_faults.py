@@ -1,0 +1,58 @@
+"""A bad reply is rejected, counted, and leaves the posterior as if that reply never came."""
+
+import numpy as np
+import pytest
+
+from fedbayes_flwr.config import ConfigError, parse_run_config
+from fedbayes_flwr.experiment import build_experiment, iterate_in_process
+
+BASE = {"model": "logistic-regression", "num-clients": 4, "num-rounds": 3, "local-steps": 60,
+        "partition-alpha": 0.5, "seed": 1}
+
+
+def _run(**kw):
+    rounds = list(iterate_in_process(build_experiment(parse_run_config({**BASE, **kw}))))
+    return rounds[-1][1].posterior, [log for _, _, log in rounds]
+
+
+@pytest.mark.parametrize("kind", ["nan", "negative-precision"])
+def test_bad_reply_equals_missing_reply(kind):
+    bad, logs = _run(**{"inject-fault": f"{kind}@2:1"})
+    dropped, _ = _run(**{"inject-fault": "drop@2:1"})
+    clean, _ = _run()
+    assert [len(log.rejected) for log in logs] == [0, 1, 0]
+    rejection = logs[1].rejected[0]
+    assert rejection.partition_id == 1
+    assert rejection.field == ("delta.eta1" if kind == "nan" else "delta.eta2")
+    assert logs[1].clients == (0, 2, 3)
+    np.testing.assert_array_equal(bad.eta1, dropped.eta1)
+    np.testing.assert_array_equal(bad.eta2, dropped.eta2)
+    # the check has power: the clean run differs
+    assert np.max(np.abs(clean.eta1 - bad.eta1)) > 1e-3
+
+
+def test_rejected_client_keeps_its_old_factor():
+    """After a rejection the client's pending factor is dropped (server and client agree)."""
+    from fedbayes_flwr import gaussian as G
+    from fedbayes_flwr import pvi
+
+    exp = build_experiment(parse_run_config({**BASE, "model": "linear-regression",
+                                             "dataset": "synthetic", "damping": 1.0,
+                                             "inject-fault": "nan@1:2"}))
+    logs = list(iterate_in_process(exp, num_rounds=2))
+    # round 2 lets client 2 add its (exact) factor once: the posterior is exact, not double-counted
+    from fedbayes_flwr import models
+
+    exact = models.exact_posterior(exp.model, exp.prior, exp.dataset.x_train, exp.dataset.y_train)
+    np.testing.assert_allclose(logs[-1][1].posterior.eta2, exact.eta2, rtol=1e-10)
+    np.testing.assert_allclose(G.to_moments(logs[-1][1].posterior)[0], G.to_moments(exact)[0],
+                               rtol=1e-8)
+    assert logs[0][2].rejected[0].partition_id == 2 and not logs[1][2].rejected
+    assert list(logs[0][1].accepted_round) == [1, 1, pvi.NO_ROUND, 1]
+
+
+def test_fault_spec_is_validated():
+    with pytest.raises(ConfigError, match="KIND@ROUND:PARTITION"):
+        parse_run_config({"inject-fault": "nan"})
+    with pytest.raises(ConfigError, match="inject-fault kind"):
+        parse_run_config({"inject-fault": "boom@1:1"})
