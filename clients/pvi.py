@@ -13,7 +13,6 @@ from fedbayes_flwr import codec, pvi
 from fedbayes_flwr.experiment import Experiment, active_fault, corrupt_reply
 
 
-
 def _load(exp: Experiment, context: Context) -> pvi.ClientState:
     fresh = pvi.init_client(exp.prior)
     return codec.load_state(context.state, pvi.KIND_STATE, fresh) or fresh

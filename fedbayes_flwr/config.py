@@ -45,7 +45,6 @@ class RunConfig:
     learning_rate: float = 0.1
     mc_samples: int = 10
     batch_size: int = 0
-    eval_samples: int = 1000
     test_fraction: float = 0.2
     synthetic_size: int = 200
     synthetic_dim: int = 3
@@ -157,6 +156,5 @@ def validate(c: RunConfig) -> None:
     need(c.learning_rate > 0, "learning-rate", f"must be > 0, got {c.learning_rate}")
     need(c.mc_samples >= 1, "mc-samples", f"must be >= 1, got {c.mc_samples}")
     need(c.batch_size >= 0, "batch-size", f"must be >= 0 (0 = full batch), got {c.batch_size}")
-    need(c.eval_samples >= 1, "eval-samples", f"must be >= 1, got {c.eval_samples}")
     need(0 < c.test_fraction < 1, "test-fraction", f"must be in (0, 1), got {c.test_fraction}")
     parse_fault(c.inject_fault)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import pvi
-from .config import ConfigError, RunConfig
+from .config import RunConfig
 from .data import Dataset, load_dataset, partition_indices
 from .gaussian import NaturalGaussian
 from .models import Model, make_model

@@ -201,7 +201,7 @@ class LogisticRegression(Model):
 _REGISTRY = {m.name: m for m in (GaussianMean, LinearRegression, LogisticRegression)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_model(name: str, noise_scale: float = 1.0) -> Model:
     """The model called ``name`` (see :data:`MODELS`); one shared instance per arguments, so the
     compiled local optimiser is traced once per model, not once per call."""

@@ -59,11 +59,11 @@ class PVIStrategy(Strategy):
     """
 
     def __init__(self, prior: NaturalGaussian, num_clients: int, run_seed: int = 0,
-                 config: pvi.PVIConfig = pvi.PVIConfig()):
+                 config: pvi.PVIConfig | None = None):
         self.state = pvi.init_server(prior, num_clients)
         self.num_clients = num_clients
         self.run_seed = run_seed
-        self.config = config
+        self.config = config or pvi.PVIConfig()
         self.nodes: dict[int, int] | None = None
         self._bytes = [0, 0]
         self._rejected: list[pvi.Rejection] = []

@@ -87,3 +87,14 @@ def test_posterior_file_for_classifier_has_reliability_plot(tmp_path):
     post = np.load(out / "posterior.npz")
     assert post["mean"].shape == post["std"].shape == (31,)  # 30 weights + intercept
     assert post["cov"].shape == (31, 31)
+
+
+def test_pyproject_run_config_matches_library_defaults():
+    """Flower passes every pyproject key to the apps: the two lists must agree, value for value."""
+    import tomllib
+
+    from fedbayes_flwr.config import RunConfig
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        declared = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    assert declared == RunConfig().to_run_config()
