@@ -35,6 +35,8 @@ def make_client_app(overrides: dict | None = None) -> ClientApp:
         # Node-local data path (deployment): a SuperNode may point at its own file.
         if "data" in context.node_config:
             config = config.replace(data=str(context.node_config["data"]))
+        if "client-delay" in context.node_config:  # a real device's own simulated slowness
+            config = config.replace(client_delay=float(context.node_config["client-delay"]))
         return build_experiment(config)
 
     @app.query("partition")

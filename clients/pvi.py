@@ -6,11 +6,13 @@ in simulation and deployment alike.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from flwr.app import Context, Message
 
 from fedbayes_flwr import codec, pvi
-from fedbayes_flwr.experiment import Experiment, active_fault, corrupt_reply
+from fedbayes_flwr.experiment import Experiment, active_fault, client_delay_s, corrupt_reply
 
 
 def _load(exp: Experiment, context: Context) -> pvi.ClientState:
@@ -27,9 +29,12 @@ def pvi_train_handler(exp: Experiment, partition_id: int, message: Message,
     fault = active_fault(exp.config, request.message.server_round, partition_id)
     if fault in ("error", "drop"):
         raise RuntimeError(f"injected fault {fault!r} (inject-fault)")
+    delay = client_delay_s(exp.config, partition_id)
+    if delay > 0:  # simulated slow device (client-delay / stragglers)
+        time.sleep(delay)
     x, y = exp.client_data(partition_id)
     state, reply = pvi.client_step(_load(exp, context), request.message, exp.model, x, y,
-                                   request.config)
+                                   request.config, exp.prior, exp.num_clients)
     codec.save_state(context.state, pvi.KIND_STATE, state)
     if fault:
         reply = corrupt_reply(fault, reply, request.message.posterior)

@@ -3,7 +3,8 @@
 Two public entry points:
 
 * :func:`load_dataset` returns a :class:`Dataset` (train/test arrays) from one of the
-  embedded sets (:data:`DATASETS`) or from a user ``.npz`` file.
+  embedded sets (:data:`DATASETS`), from a Hugging Face dataset named ``"hub:<id>"``
+  (loaded through ``flwr_datasets.FederatedDataset``) or from a user ``.npz`` file.
 * :func:`partition_indices` splits the training rows over clients with one of the
   schemes in :data:`PARTITIONS`, using the partitioners of ``flwr-datasets``.
 
@@ -24,14 +25,19 @@ __all__ = [
     "DATASETS",
     "MODELS",
     "PARTITIONS",
+    "HUB_PREFIX",
     "DataError",
     "Dataset",
+    "is_dataset_name",
     "load_dataset",
     "partition_indices",
 ]
 
-DATASETS = ("breast-cancer", "diabetes", "synthetic")
+DATASETS = ("breast-cancer", "diabetes", "digits", "synthetic")
 """Names of the embedded datasets accepted by :func:`load_dataset`."""
+
+HUB_PREFIX = "hub:"
+"""Prefix of dataset names loaded from the Hugging Face Hub, e.g. ``"hub:mnist"``."""
 
 PARTITIONS = ("iid", "dirichlet", "pathological", "natural")
 """Names of the partition schemes accepted by :func:`partition_indices`."""
@@ -39,6 +45,16 @@ PARTITIONS = ("iid", "dirichlet", "pathological", "natural")
 
 _MAX_LABEL_BINS = 10
 _DIRICHLET_RESTARTS = 50
+
+# Target conventions per model name (see fedbayes_flwr.models.MODELS).
+_BINARY_MODELS = ("logistic-regression",)
+_MULTICLASS_MODELS = ("bnn-classifier",)
+_REGRESSION_MODELS = ("linear-regression", "bnn-regression")
+
+# Column names tried, in order, when a hub dataset's columns are not given.
+_HUB_IMAGE_COLUMNS = ("image", "img", "pixels")
+_HUB_LABEL_COLUMNS = ("label", "labels", "fine_label")
+_HUB_RESERVED_KWARGS = ("dataset", "partitioners", "preprocessor")
 
 
 class DataError(ValueError):
@@ -53,8 +69,10 @@ class Dataset(NamedTuple):
     x_train : numpy.ndarray
         Training inputs, float64 of shape ``(n, d)``.
     y_train : numpy.ndarray or None
-        Training targets: float64 ``(n,)`` for regression, int64 ``(n,)`` in {0, 1}
-        for classification, ``None`` for the gaussian-mean model.
+        Training targets: float64 ``(n,)`` for regression (``linear-regression``,
+        ``bnn-regression``), int64 ``(n,)`` for classification (in {0, 1} for
+        ``logistic-regression``, integers ``>= 0`` for ``bnn-classifier``), ``None`` for
+        the gaussian-mean model.
     x_test : numpy.ndarray
         Test inputs, float64 of shape ``(m, d)`` with ``m >= 1``.
     y_test : numpy.ndarray or None
@@ -62,7 +80,8 @@ class Dataset(NamedTuple):
     client_id : numpy.ndarray or None
         int64 ``(n,)`` natural client id of each training row, or ``None``.
     name : str
-        Dataset name (``"file:<basename>"`` for user files).
+        Dataset name (``"file:<basename>"`` for user files, ``"hub:<id>"`` for hub
+        datasets).
     """
 
     x_train: np.ndarray
@@ -76,6 +95,23 @@ class Dataset(NamedTuple):
 # --------------------------------------------------------------------------- loading
 
 
+def is_dataset_name(name: str) -> bool:
+    """Whether `name` is a dataset name :func:`load_dataset` accepts.
+
+    Parameters
+    ----------
+    name : str
+        A name from :data:`DATASETS`, or ``"hub:<dataset-id>"`` with a non-empty id.
+
+    Returns
+    -------
+    bool
+        ``True`` for an embedded dataset or a hub name; whether a hub dataset exists is
+        only known when it is loaded.
+    """
+    return name in DATASETS or (name.startswith(HUB_PREFIX) and bool(name[len(HUB_PREFIX):].strip()))
+
+
 def load_dataset(
     name: str,
     model: str,
@@ -86,22 +122,39 @@ def load_dataset(
     synthetic_size: int = 200,
     synthetic_dim: int = 3,
     noise_scale: float = 1.0,
+    hub_kwargs: dict | None = None,
+    hub_feature_column: str | list[str] | tuple[str, ...] | None = None,
+    hub_label_column: str | None = None,
 ) -> Dataset:
-    """Load an embedded dataset or a user ``.npz`` file for a model.
+    """Load an embedded dataset, a hub dataset or a user ``.npz`` file for a model.
 
     Parameters
     ----------
     name : str
-        One of :data:`DATASETS`. Ignored when `data_file` is given.
+        One of :data:`DATASETS`, or ``"hub:<dataset-id>"`` (e.g. ``"hub:mnist"``,
+        ``"hub:ylecun/mnist"``) for a Hugging Face dataset. Ignored when `data_file`
+        is given. The embedded sets are
+
+        * ``"breast-cancer"``: 569 x 30, binary labels, standardised features; for
+          ``logistic-regression`` or ``bnn-classifier``.
+        * ``"diabetes"``: 442 x 10 regression, features and target standardised; for
+          ``linear-regression`` or ``bnn-regression``.
+        * ``"digits"``: scikit-learn's 1797 8x8 handwritten digits, 64 pixel features
+          scaled to [0, 1] by dividing by 16 (not standardised, so the pixels keep their
+          meaning), 10 classes; for ``bnn-classifier``.
+        * ``"synthetic"``: generated from `seed` for any model (see below).
     model : str
-        One of ``"gaussian-mean"``, ``"linear-regression"``, ``"logistic-regression"``.
+        One of :data:`fedbayes_flwr.models.MODELS`: ``"gaussian-mean"``,
+        ``"linear-regression"``, ``"logistic-regression"``, ``"bnn-classifier"`` or
+        ``"bnn-regression"``.
     seed : int, optional
         Seed for synthetic data and for the test split of user files. The embedded
-        real datasets use a fixed split (``random_state=0``) independent of `seed`,
-        so results are comparable across seeds.
+        real datasets use a fixed split (``random_state=0``, stratified for
+        classification) independent of `seed`, so results are comparable across seeds;
+        so do hub datasets without a ``"test"`` split.
     test_fraction : float, optional
         Fraction of rows held out as test set, in (0, 1). Not used when the data
-        file supplies ``x_test``.
+        file supplies ``x_test`` or the hub dataset has a ``"test"`` split.
     data_file : str, optional
         Path of a ``.npz`` file with keys ``x_train`` (required), ``y_train``,
         ``x_test``, ``y_test`` and ``client_id`` (optional). User data is not
@@ -111,8 +164,27 @@ def load_dataset(
     synthetic_dim : int, optional
         Input dimension of the synthetic dataset.
     noise_scale : float, optional
-        Observation noise standard deviation of the synthetic gaussian-mean and
-        linear-regression data.
+        Observation noise standard deviation of the synthetic gaussian-mean,
+        linear-regression and bnn-regression data. Synthetic data are: gaussian-mean
+        ``x ~ N(mu, noise^2 I)``; linear-regression ``y = x.w + noise``;
+        logistic-regression ``y ~ Bernoulli(sigmoid(x.w + b))``; bnn-classifier 3
+        classes drawn from a random linear softmax model ``softmax(x W + b)``;
+        bnn-regression ``y = 2 sin(2 x.w) + noise`` with ``w ~ N(0, I / d)``.
+    hub_kwargs : dict or None, optional
+        Hub datasets only: extra keyword arguments of
+        ``flwr_datasets.FederatedDataset`` (e.g. ``subset``, ``shuffle``, ``seed``),
+        which passes the ones it does not know on to ``datasets.load_dataset`` (e.g.
+        ``data_files``, ``cache_dir``, ``revision``). A local dataset takes the same
+        code path: ``name="hub:parquet"`` with
+        ``hub_kwargs={"data_files": {"train": ..., "test": ...}}``. ``shuffle``
+        defaults to ``False`` here (rows kept in source order).
+    hub_feature_column : str or sequence of str or None, optional
+        Hub datasets only: the input column(s). By default the first of ``"image"``,
+        ``"img"``, ``"pixels"`` present, else every scalar numeric column other than the
+        label. Each row is flattened; several columns are concatenated.
+    hub_label_column : str or None, optional
+        Hub datasets only: the target column. By default the first of ``"label"``,
+        ``"labels"``, ``"fine_label"`` present.
 
     Returns
     -------
@@ -123,7 +195,18 @@ def load_dataset(
     ------
     DataError
         On an unknown model or dataset, a dataset that does not fit the model, bad
-        parameters or an invalid data file.
+        parameters, an invalid data file or a hub dataset that cannot be loaded.
+
+    Notes
+    -----
+    Hub datasets are loaded with ``FederatedDataset(dataset=<id>, partitioners={"train":
+    IidPartitioner(1)}, ...)``: the single train partition is the training set and
+    ``load_split("test")`` the test set. When there is no ``"test"`` split,
+    `test_fraction` of the training rows are held out with a fixed permutation (seed
+    0). Image columns (a ``datasets.Image`` feature or a column named ``"image"``,
+    ``"img"`` or ``"pixels"``) are flattened and scaled to [0, 1]: integer pixels in
+    0..255 are divided by 255, other unsigned 16-bit pixels by 65535, float pixels are
+    kept as they are. Other feature columns are not rescaled.
     """
     if model not in MODELS:
         raise DataError(f"unknown model {model!r}; known models: {', '.join(MODELS)}")
@@ -136,6 +219,8 @@ def load_dataset(
         return _load_breast_cancer(model, test_fraction)
     if name == "diabetes":
         return _load_diabetes(model, test_fraction)
+    if name == "digits":
+        return _load_digits(model, test_fraction)
     if name == "synthetic":
         return _make_synthetic(
             model,
@@ -145,7 +230,19 @@ def load_dataset(
             dim=synthetic_dim,
             noise_scale=noise_scale,
         )
-    raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+    if name.startswith(HUB_PREFIX):
+        return _load_hub(
+            name,
+            model,
+            test_fraction=test_fraction,
+            hub_kwargs=hub_kwargs,
+            feature_column=hub_feature_column,
+            label_column=hub_label_column,
+        )
+    raise DataError(
+        f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)} "
+        f"or {HUB_PREFIX}<dataset-id>"
+    )
 
 
 def _f64(a: np.ndarray) -> np.ndarray:
@@ -168,10 +265,10 @@ def _load_breast_cancer(model: str, test_fraction: float) -> Dataset:
     from sklearn.datasets import load_breast_cancer
     from sklearn.model_selection import train_test_split
 
-    if model != "logistic-regression":
+    if model not in _BINARY_MODELS + _MULTICLASS_MODELS:
         raise DataError(
             "dataset 'breast-cancer' is a binary classification set; "
-            "use --model logistic-regression"
+            "use --model logistic-regression or bnn-classifier"
         )
     x, y = load_breast_cancer(return_X_y=True)
     x_tr, x_te, y_tr, y_te = train_test_split(
@@ -185,8 +282,10 @@ def _load_diabetes(model: str, test_fraction: float) -> Dataset:
     from sklearn.datasets import load_diabetes
     from sklearn.model_selection import train_test_split
 
-    if model != "linear-regression":
-        raise DataError("dataset 'diabetes' is a regression set; use --model linear-regression")
+    if model not in _REGRESSION_MODELS:
+        raise DataError(
+            "dataset 'diabetes' is a regression set; use --model linear-regression or bnn-regression"
+        )
     x, y = load_diabetes(return_X_y=True)
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, random_state=0)
     x_tr, x_te = _standardise(x_tr, x_te)
@@ -194,9 +293,29 @@ def _load_diabetes(model: str, test_fraction: float) -> Dataset:
     return Dataset(x_tr, y_tr, x_te, y_te, None, "diabetes")
 
 
+def _load_digits(model: str, test_fraction: float) -> Dataset:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    if model not in _MULTICLASS_MODELS:
+        raise DataError("dataset 'digits' is a 10-class classification set; use --model bnn-classifier")
+    x, y = load_digits(return_X_y=True)
+    try:
+        x_tr, x_te, y_tr, y_te = train_test_split(
+            x, y, test_size=test_fraction, random_state=0, stratify=y
+        )
+    except ValueError as exc:  # e.g. a test set smaller than the number of classes
+        raise DataError(f"dataset 'digits': cannot split with test fraction {test_fraction}: {exc}") from None
+    # Pixel intensities are 0..16: scale to [0, 1], no standardisation.
+    return Dataset(_f64(x_tr / 16.0), _i64(y_tr), _f64(x_te / 16.0), _i64(y_te), None, "digits")
+
+
 def _num_test_rows(n: int, test_fraction: float) -> int:
     """Number of test rows: ``round(test_fraction * n)``, at least 1 on each side."""
     return int(min(max(1, round(test_fraction * n)), n - 1))
+
+
+_SYNTHETIC_CLASSES = 3
 
 
 def _make_synthetic(
@@ -221,12 +340,27 @@ def _make_synthetic(
         x = rng.standard_normal((size, dim))
         w = rng.standard_normal(dim)
         y = _f64(x @ w + noise_scale * rng.standard_normal(size))
-    else:
+    elif model == "logistic-regression":
         x = rng.standard_normal((size, dim))
         w = rng.standard_normal(dim)
         b = rng.standard_normal()
         p = 1.0 / (1.0 + np.exp(-(x @ w + b)))
         y = _i64(rng.random(size) < p)
+    elif model == "bnn-classifier":
+        x = rng.standard_normal((size, dim))
+        w = 2.0 * rng.standard_normal((dim, _SYNTHETIC_CLASSES))
+        b = rng.standard_normal(_SYNTHETIC_CLASSES)
+        logits = x @ w + b
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        cum = np.cumsum(p / p.sum(axis=1, keepdims=True), axis=1)
+        u = rng.random((size, 1))
+        y = _i64(np.minimum((u > cum).sum(axis=1), _SYNTHETIC_CLASSES - 1))
+    elif model == "bnn-regression":
+        x = rng.standard_normal((size, dim))
+        w = rng.standard_normal(dim) / np.sqrt(dim)
+        y = _f64(2.0 * np.sin(2.0 * (x @ w)) + noise_scale * rng.standard_normal(size))
+    else:
+        raise DataError(f"no synthetic data for model {model!r}")
     x = _f64(x)
     return Dataset(
         _f64(x[:n_train]),
@@ -236,6 +370,181 @@ def _make_synthetic(
         None,
         "synthetic",
     )
+
+
+# ------------------------------------------------------------------------- hub
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """First non-empty line of an exception message (or its type name), shortened."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _hub_holdout(dataset_id: str, test_fraction: float):
+    """``FederatedDataset`` preprocessor: check the train split, hold out a test split if absent."""
+
+    def preprocess(dd):
+        import datasets
+
+        if "train" not in dd:
+            raise DataError(
+                f"hub dataset {dataset_id!r} has no 'train' split (splits: {', '.join(dd)})"
+            )
+        if "test" in dd:
+            return dd
+        n = dd["train"].num_rows
+        if n < 2:
+            raise DataError(
+                f"hub dataset {dataset_id!r} has no 'test' split and too few rows ({n}) to hold one out"
+            )
+        perm = np.random.default_rng(0).permutation(n)
+        n_test = _num_test_rows(n, test_fraction)
+        train = dd["train"]
+        return datasets.DatasetDict(
+            {
+                "train": train.select(np.sort(perm[n_test:])),
+                "test": train.select(np.sort(perm[:n_test])),
+            }
+        )
+
+    return preprocess
+
+
+def _hub_columns(
+    features, dataset_id: str, model: str, feature_column, label_column
+) -> tuple[list[str], str | None]:
+    """Resolve the feature and label column names of a hub split."""
+    import datasets
+
+    names = list(features)
+    where = f"hub dataset {dataset_id!r}"
+    if label_column is None:
+        label_column = next((c for c in _HUB_LABEL_COLUMNS if c in features), None)
+    elif label_column not in features:
+        raise DataError(f"{where} has no label column {label_column!r}; columns: {', '.join(names)}")
+    if model != "gaussian-mean" and label_column is None:
+        raise DataError(
+            f"{where} has no label column ({', '.join(_HUB_LABEL_COLUMNS)}); columns: "
+            f"{', '.join(names)}; pass hub_label_column"
+        )
+    if feature_column is None:
+        image = next((c for c in _HUB_IMAGE_COLUMNS if c in features), None)
+        if image is not None:
+            columns = [image]
+        else:
+            numeric = ("int", "uint", "float", "bool")
+            columns = [
+                c
+                for c, f in features.items()
+                if c != label_column
+                and (
+                    isinstance(f, datasets.ClassLabel)
+                    or (isinstance(f, datasets.Value) and f.dtype.startswith(numeric))
+                )
+            ]
+        if not columns:
+            raise DataError(
+                f"{where}: no image column ({', '.join(_HUB_IMAGE_COLUMNS)}) and no numeric "
+                f"column; columns: {', '.join(names)}; pass hub_feature_column"
+            )
+    else:
+        columns = [feature_column] if isinstance(feature_column, str) else list(feature_column)
+        missing = [c for c in columns if c not in features]
+        if missing or not columns:
+            raise DataError(
+                f"{where} has no feature column {', '.join(map(repr, missing)) or '(none given)'}; "
+                f"columns: {', '.join(names)}"
+            )
+    return columns, (None if model == "gaussian-mean" else label_column)
+
+
+def _scale_pixels(a: np.ndarray, column: str, where: str) -> np.ndarray:
+    """Pixels to [0, 1]: 8-bit range / 255, 16-bit / 65535, floats unchanged."""
+    if a.dtype.kind == "b" or a.dtype.kind == "f":
+        return a.astype(np.float64)
+    if a.dtype.kind not in "iu":
+        raise DataError(f"{where}: image column {column!r} must be numeric, got dtype {a.dtype}")
+    lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
+    if a.dtype == np.uint8 or (lo >= 0 and hi <= 255):
+        return a / 255.0
+    if a.dtype == np.uint16 or (lo >= 0 and hi <= 65535):
+        return a / 65535.0
+    raise DataError(f"{where}: image column {column!r} has pixel values outside 0..65535 ({lo}..{hi})")
+
+
+def _hub_arrays(split, columns: list[str], label_column: str | None, where: str, model: str):
+    """Features (float64 ``(n, d)``) and targets of one hub split."""
+    import datasets
+
+    data = split.select_columns(columns + ([label_column] if label_column else [])).with_format("numpy")[:]
+    parts = []
+    for column in columns:
+        a = data[column]
+        if a.dtype == object:  # ragged rows (e.g. images of different sizes)
+            try:
+                a = np.stack([np.asarray(v) for v in a])
+            except ValueError:
+                raise DataError(f"{where}: rows of column {column!r} have different shapes") from None
+        is_image = isinstance(split.features[column], datasets.Image) or column in _HUB_IMAGE_COLUMNS
+        if is_image:
+            a = _scale_pixels(a, column, where)
+        parts.append(_as_float_array(a.reshape(a.shape[0], -1), column, where))
+    x = _as_x(np.concatenate(parts, axis=1), "+".join(columns), where)
+    y = None if label_column is None else _as_y(data[label_column], label_column, where, model)
+    return x, y
+
+
+def _load_hub(
+    name: str,
+    model: str,
+    *,
+    test_fraction: float,
+    hub_kwargs: dict | None,
+    feature_column,
+    label_column: str | None,
+) -> Dataset:
+    dataset_id = name[len(HUB_PREFIX):].strip()
+    if not dataset_id:
+        raise DataError(f"empty hub dataset name {name!r}; use {HUB_PREFIX}<dataset-id>, e.g. hub:mnist")
+    kwargs = dict(hub_kwargs or {})
+    reserved = [k for k in _HUB_RESERVED_KWARGS if k in kwargs]
+    if reserved:
+        raise DataError(f"hub_kwargs must not set {', '.join(reserved)} (set by load_dataset)")
+    kwargs.setdefault("shuffle", False)
+    try:
+        from flwr_datasets import FederatedDataset
+        from flwr_datasets.partitioner import IidPartitioner
+
+        fds = FederatedDataset(
+            dataset=dataset_id,
+            partitioners={"train": IidPartitioner(num_partitions=1)},
+            preprocessor=_hub_holdout(dataset_id, test_fraction),
+            **kwargs,
+        )
+        train = fds.load_partition(0, "train")
+        test = fds.load_split("test")
+    except DataError:
+        raise
+    except Exception as exc:  # network, missing files, unknown id, bad kwargs
+        raise DataError(
+            f"could not load hub dataset {dataset_id!r}: {_one_line(exc)}; "
+            "no network? use an embedded dataset or --data FILE.npz"
+        ) from None
+    where = f"hub dataset {dataset_id!r}"
+    columns, label = _hub_columns(train.features, dataset_id, model, feature_column, label_column)
+    for split_name, split in (("train", train), ("test", test)):
+        missing = [c for c in columns + ([label] if label else []) if c not in split.features]
+        if missing:
+            raise DataError(f"{where}: split {split_name!r} lacks column(s) {', '.join(missing)}")
+    x_train, y_train = _hub_arrays(train, columns, label, f"{where} (train)", model)
+    x_test, y_test = _hub_arrays(test, columns, label, f"{where} (test)", model)
+    if x_test.shape[1] != x_train.shape[1]:
+        raise DataError(
+            f"{where}: test rows have {x_test.shape[1]} features but train rows have {x_train.shape[1]}"
+        )
+    return Dataset(x_train, y_train, x_test, y_test, None, name)
 
 
 def _as_float_array(arr: np.ndarray, key: str, where: str) -> np.ndarray:
@@ -265,16 +574,22 @@ def _as_y(arr: np.ndarray, key: str, where: str, model: str) -> np.ndarray:
         y = y[:, 0]
     if y.ndim != 1:
         raise DataError(f"{where}: key '{key}' must be 1-D, got shape {y.shape}")
-    if model == "logistic-regression":
-        bad = np.unique(y[(y != 0) & (y != 1)])
-        if bad.size:
-            shown = [int(v) if float(v).is_integer() else float(v) for v in bad[:10]]
-            more = ", ..." if bad.size > 10 else ""
-            raise DataError(
-                f"{where}: key '{key}' labels must be 0 or 1, found {str(shown)[:-1]}{more}]"
-            )
+    if model in _BINARY_MODELS:
+        _check_labels(y[(y != 0) & (y != 1)], key, where, "0 or 1")
+        return _i64(y)
+    if model in _MULTICLASS_MODELS:
+        _check_labels(y[(y < 0) | (y != np.floor(y))], key, where, "integers >= 0")
         return _i64(y)
     return _f64(y)
+
+
+def _check_labels(bad: np.ndarray, key: str, where: str, rule: str) -> None:
+    """Raise a DataError listing (up to 10 of) the distinct `bad` label values."""
+    bad = np.unique(bad)
+    if bad.size:
+        shown = [int(v) if float(v).is_integer() else float(v) for v in bad[:10]]
+        more = ", ..." if bad.size > 10 else ""
+        raise DataError(f"{where}: key '{key}' labels must be {rule}, found {str(shown)[:-1]}{more}]")
 
 
 def _load_npz(path: str, model: str, *, seed: int, test_fraction: float) -> Dataset:
@@ -468,6 +783,13 @@ def _pathological(labels: np.ndarray, num_clients: int, classes_per_client: int,
             f"({labels.shape[0] - covered} rows unused); use more clients or more classes "
             f"per client"
         )
+    for i, p in enumerate(parts):  # guaranteed by the partitioner; checked, as it is documented
+        held = np.unique(labels[p]).size
+        if p.size == 0 or held != classes_per_client:
+            raise DataError(
+                f"pathological partition gave client {i} {held} labels instead of "
+                f"{classes_per_client}; use fewer clients or fewer classes per client"
+            )
     return parts
 
 
@@ -506,8 +828,13 @@ def partition_indices(
       (``DirichletPartitioner``); smaller `alpha` means more label skew. Every client
       gets at least one row.
     * ``"pathological"``: each client holds rows of exactly `classes_per_client`
-      labels (``PathologicalPartitioner``, first class of client ``i`` is label
-      ``i % L``, the others random).
+      labels (``PathologicalPartitioner`` with ``class_assignment_mode=
+      "first-deterministic"``: first class of client ``i`` is label ``i % L``, the
+      others drawn with `seed`; the rows of a label are cut in near-equal contiguous
+      chunks over the clients holding it). With ``num_clients >= L`` every row is used,
+      e.g. McMahan et al.'s "2 classes per client" split of ``digits`` over 10 to 100
+      clients. A split that leaves a label unused (possible when ``num_clients < L``)
+      or needs a label on more clients than it has rows raises :class:`DataError`.
     * ``"natural"``: one client per distinct ``client_id`` value, ids mapped in sorted
       order to clients ``0..K-1`` (``NaturalIdPartitioner``).
 

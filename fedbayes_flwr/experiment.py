@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import pvi
+from .bnn import parse_hidden
 from .config import RunConfig
 from .data import Dataset, load_dataset, partition_indices
 from .gaussian import NaturalGaussian
@@ -48,10 +49,16 @@ class Experiment(NamedTuple):
 
 def pvi_config(config: RunConfig) -> pvi.PVIConfig:
     """The algorithm's hyper-parameters from the run config."""
+    cavity = {"bcm-same": "same-prior", "bcm-split": "split-prior", "vcl": "no-deletion",
+              "streaming-vb": "no-deletion",
+              "streaming-vb-no-deletion": "no-deletion"}.get(config.algorithm, "pvi")
     return pvi.PVIConfig(
         damping=config.damping, schedule=config.schedule,
         vi=VIConfig(config.local_steps, config.learning_rate, config.mc_samples,
-                    config.batch_size))
+                    config.batch_size),
+        server_damping=config.server_damping, cavity=cavity,
+        local_optimiser=config.local_optimiser,
+        fixed_point_iterations=config.fixed_point_iterations, local_damping=config.local_damping)
 
 
 @functools.lru_cache(maxsize=8)
@@ -70,9 +77,19 @@ def build_experiment(config: RunConfig) -> Experiment:
         partitions = tuple(partition_indices(
             dataset, config.num_clients, config.partition, alpha=config.partition_alpha,
             classes_per_client=config.partition_classes, seed=config.seed))
-    model = make_model(config.model, config.noise_scale)
-    prior = model.prior(dataset.x_train.shape[1], config.prior_scale, config.covariance == "diag")
+    model = make_model(config.model, config.noise_scale, parse_hidden(config.hidden_layers),
+                       num_classes(dataset))
+    diag = config.covariance == "diag" or (config.covariance == "auto" and model.mean_field_only)
+    prior = model.prior(dataset.x_train.shape[1], config.prior_scale, diag)
     return Experiment(config, dataset, partitions, model, prior, pvi_config(config))
+
+
+def num_classes(dataset: Dataset) -> int:
+    """Number of classes of integer-labelled data (1 for regression / no labels)."""
+    y = dataset.y_train
+    if y is None or not np.issubdtype(y.dtype, np.integer):
+        return 1
+    return int(max(y.max(), dataset.y_test.max() if dataset.y_test is not None else 0)) + 1
 
 
 def payload_nbytes(obj) -> int:
@@ -111,13 +128,15 @@ def active_fault(config: RunConfig, server_round: int, partition_id: int) -> str
 
 
 class RoundLog(NamedTuple):
-    """What an engine reports about one round besides the posterior."""
+    """What an engine reports about one round (one server update) besides the posterior."""
 
     log_marginal_likelihood: float | None
     bytes_down: int
     bytes_up: int
     rejected: tuple[pvi.Rejection, ...]
     clients: tuple[int, ...]
+    prior_scale: float | None = None
+    virtual_time: float | None = None
 
 
 class Recorder:
@@ -146,6 +165,10 @@ class Recorder:
                "clients": list(log.clients)}
         if log.rejected:
             row["rejections"] = [r._asdict() for r in log.rejected]
+        if log.prior_scale is not None:
+            row["prior_scale"] = log.prior_scale
+        if log.virtual_time is not None:
+            row["virtual_time"] = log.virtual_time
         self.history.append(row)
         self.posterior = posterior
         self._diagram = diagram
@@ -158,6 +181,8 @@ class Recorder:
         posterior_file = "posterior.npz"
         self.posterior.save(os.path.join(self.output_dir, posterior_file))
         final = {k: v for k, v in self.history[-1].items() if k not in ("clients", "rejections")}
+        if c.optimise_prior:
+            final["learned_prior_scale"] = self.history[-1]["prior_scale"]
         result = {"algorithm": c.algorithm, "model": c.model,
                   "dataset": ds_name(self.exp), "num_clients": self.exp.num_clients,
                   "seed": c.seed, "engine": self.engine, "run_config": c.to_run_config(),
@@ -246,11 +271,15 @@ def run_in_process(config: RunConfig, output_dir: str | None = None,
 
 
 def iterate_in_process(exp: Experiment, num_rounds: int | None = None):
-    """Yield ``(server_round, server_state, RoundLog)`` after every round (the in-process engine).
+    """Yield ``(server_round, server_state, RoundLog)`` after every server update.
 
     Mirrors :class:`strategies.PVIStrategy` message for message: the same selections, seeds, faults,
-    replies applied in partition order, and the free-energy evaluation after each round.
+    replies applied in partition order, and the free-energy evaluation after each round. The
+    asynchronous schedule runs on a virtual clock (:func:`iterate_async`).
     """
+    if exp.pvi_config.schedule == "asynchronous":
+        yield from iterate_async(exp, num_rounds)
+        return
     config = exp.config
     state = pvi.init_server(exp.prior, exp.num_clients)
     clients = {k: pvi.init_client(exp.prior) for k in range(exp.num_clients)}
@@ -261,20 +290,83 @@ def iterate_in_process(exp: Experiment, num_rounds: int | None = None):
         for pid in selected:
             message = pvi.broadcast(state, pid, config.seed)
             down += payload_nbytes(message)
-            fault = active_fault(config, server_round, pid)
-            if fault in ("error", "drop"):
-                replies.append((pid, pvi.Rejection(pid, "reply", f"client failed ({fault})")))
-                continue
-            x, y = exp.client_data(pid)
-            clients[pid], reply = pvi.client_step(clients[pid], message, exp.model, x, y,
-                                                  exp.pvi_config)
-            if fault:
-                reply = corrupt_reply(fault, reply, message.posterior)
+            reply = _client_reply(exp, clients, pid, message)
             up += payload_nbytes(reply)
             replies.append((pid, reply))
-        state, info = pvi.server_step(state, replies)
+        state, info = pvi.server_step(state, replies, exp.pvi_config.server_damping)
+        state, scale = _maybe_optimise_prior(exp, state)
         lml, d2, u2 = evaluate_in_process(exp, state, clients)
-        yield server_round, state, RoundLog(lml, down + d2, up + u2, info.rejected, info.accepted)
+        yield server_round, state, RoundLog(lml, down + d2, up + u2, info.rejected, info.accepted,
+                                            scale)
+
+
+def _client_reply(exp: Experiment, clients: dict, pid: int, message: pvi.ServerMessage):
+    """One client's reply (or the :class:`pvi.Rejection` a failed client amounts to)."""
+    fault = active_fault(exp.config, message.server_round, pid)
+    if fault in ("error", "drop"):
+        return pvi.Rejection(pid, "reply", f"client failed ({fault})")
+    x, y = exp.client_data(pid)
+    clients[pid], reply = pvi.client_step(clients[pid], message, exp.model, x, y, exp.pvi_config,
+                                          exp.prior, exp.num_clients)
+    return corrupt_reply(fault, reply, message.posterior) if fault else reply
+
+
+def _maybe_optimise_prior(exp: Experiment, state: pvi.ServerState):
+    if not exp.config.optimise_prior:
+        return state, None
+    return pvi.optimise_prior_scale(state)
+
+
+def client_durations(config: RunConfig, num_clients: int) -> np.ndarray:
+    """Time one update takes on each client: ``client-delay`` (or 1 virtual unit when 0) times
+    ``straggler-factor`` for the partitions listed in ``stragglers``."""
+    from .config import straggler_ids
+
+    base = config.client_delay if config.client_delay > 0 else 1.0
+    durations = np.full(num_clients, base)
+    for k in straggler_ids(config):
+        durations[k] *= config.straggler_factor
+    return durations
+
+
+def client_delay_s(config: RunConfig, partition_id: int) -> float:
+    """Seconds a real client waits before each update (0 unless ``client-delay`` > 0)."""
+    if config.client_delay <= 0:
+        return 0.0
+    return float(client_durations(config, config.num_clients)[partition_id])
+
+
+def iterate_async(exp: Experiment, num_rounds: int | None = None):
+    """Asynchronous PVI on a virtual clock: every client is always busy; each reply is applied
+    the moment it arrives and that client at once gets the new posterior (Ashman et al. 2022,
+    Section 2.4, asynchronous schedule). Client ``k`` takes :func:`client_durations` ``[k]``;
+    ties resolve by partition id. One yielded round = one server update. The free energy is not
+    evaluated per update (it would need every busy client): ``log_marginal_likelihood`` is None.
+    """
+    import heapq
+
+    config = exp.config
+    durations = client_durations(config, exp.num_clients)
+    state = pvi.init_server(exp.prior, exp.num_clients)
+    clients = {k: pvi.init_client(exp.prior) for k in range(exp.num_clients)}
+    queue, pending_bytes = [], {}
+
+    def dispatch(pid: int, now: float) -> None:
+        message = pvi.broadcast(state, pid, config.seed)
+        reply = _client_reply(exp, clients, pid, message)
+        pending_bytes[pid] = (payload_nbytes(message), payload_nbytes(reply))
+        heapq.heappush(queue, (now + durations[pid], pid, reply))
+
+    for pid in range(exp.num_clients):
+        dispatch(pid, 0.0)
+    for server_round in range(1, (num_rounds or config.num_rounds) + 1):
+        now, pid, reply = heapq.heappop(queue)
+        state, info = pvi.server_step(state, [(pid, reply)], exp.pvi_config.server_damping)
+        state, scale = _maybe_optimise_prior(exp, state)
+        down, up = pending_bytes.pop(pid)
+        yield server_round, state, RoundLog(None, down, up, info.rejected, info.accepted, scale,
+                                            float(now))
+        dispatch(pid, now)
 
 
 def evaluate_in_process(exp: Experiment, state: pvi.ServerState, clients: dict):

@@ -33,7 +33,10 @@ from . import gaussian as G
 from .gaussian import NaturalGaussian
 from .metrics import binary_classification_metrics, regression_metrics, reliability_diagram
 
-MODELS = ("gaussian-mean", "linear-regression", "logistic-regression")
+MODELS = ("gaussian-mean", "linear-regression", "logistic-regression", "bnn-classifier",
+          "bnn-regression")
+FREE_ENERGY_SAMPLES = 64
+FREE_ENERGY_SEED = np.array([1618, 33], dtype=np.int32)
 
 _GH_POINTS, _GH_WEIGHTS = np.polynomial.hermite_e.hermegauss(64)
 _GH_WEIGHTS = _GH_WEIGHTS / np.sqrt(2.0 * np.pi)
@@ -47,6 +50,19 @@ def _gaussian_marginal(q, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     """Mean and variance of ``features @ theta`` under a Gaussian posterior."""
     mean, cov = q.mean(), q.cov()
     return features @ mean, np.einsum("ij,jk,ik->i", features, cov, features)
+
+
+def _activation_moments_tf(m1, m2, features):
+    """Mean and variance of ``features @ theta`` from mean parameters (full or diagonal)."""
+    import tensorflow as tf
+
+    mean = tf.linalg.matvec(features, m1)
+    if len(m2.shape) == 2:
+        cov = m2 - m1[:, None] * m1[None, :]
+        var = tf.reduce_sum(tf.linalg.matmul(features, cov) * features, axis=1)
+    else:
+        var = tf.linalg.matvec(features**2, m2 - m1**2)
+    return mean, var
 
 
 class Prediction(NamedTuple):
@@ -64,6 +80,7 @@ class Model:
     conjugate = False
     has_targets = True
     task = "regression"
+    mean_field_only = False
 
     def __init__(self, noise_scale: float = 1.0):
         if not noise_scale > 0:
@@ -83,6 +100,14 @@ class Model:
 
     def likelihood_factor(self, x, y) -> NaturalGaussian | None:
         return None
+
+    def expected_log_likelihood(self, q, x, y) -> float:
+        """Monte-Carlo ``E_q[log p(y | theta)]`` from a fixed seed (models without a closed form)."""
+        import tensorflow as tf
+
+        theta = tf.constant(q.sample(FREE_ENERGY_SEED, FREE_ENERGY_SAMPLES))
+        y_t = tf.zeros([x.shape[0]], tf.float64) if y is None else tf.constant(y, tf.float64)
+        return float(tf.reduce_mean(self.log_likelihood_tf(theta, tf.constant(x), y_t)))
 
     def metrics(self, posterior, x, y) -> tuple[dict[str, float], dict | None]:
         """Test metrics and, for classifiers, reliability-diagram data."""
@@ -121,6 +146,19 @@ class GaussianMean(Model):
         sq = np.sum((x - mean) ** 2) + n * np.trace(cov)
         return float(-0.5 * sq / s2 - 0.5 * n * d * np.log(2.0 * np.pi * s2))
 
+    def expected_log_likelihood_tf(self, m1, m2, x, y=None):
+        """``E_q[log p(x | theta)]`` as a function of q's mean parameters ``(E theta, E theta theta^T)``
+        (``E theta^2`` for a diagonal q): exact, differentiable (for natural gradients)."""
+        import tensorflow as tf
+
+        s2 = self.noise_scale**2
+        n = tf.cast(tf.shape(x)[0], m1.dtype)
+        second = tf.linalg.diag_part(m2) if len(m2.shape) == 2 else m2
+        sq = (tf.reduce_sum(x**2) - 2.0 * tf.reduce_sum(tf.linalg.matvec(x, m1))
+              + n * tf.reduce_sum(second))
+        d = tf.cast(tf.shape(x)[1], m1.dtype)
+        return -0.5 * sq / s2 - 0.5 * n * d * np.log(2.0 * np.pi * s2)
+
     def predictive(self, posterior, x) -> Prediction:
         n = x.shape[0]
         mean = np.broadcast_to(posterior.mean(), (n, posterior.dim))
@@ -150,6 +188,14 @@ class LinearRegression(Model):
         s2 = self.noise_scale**2
         m, v = _gaussian_marginal(q, x)
         return float(np.sum(-0.5 * ((y - m) ** 2 + v) / s2 - 0.5 * np.log(2.0 * np.pi * s2)))
+
+    def expected_log_likelihood_tf(self, m1, m2, x, y):
+        """Exact ``E_q[log p(y | x, theta)]`` in q's mean parameters (see GaussianMean)."""
+        import tensorflow as tf
+
+        s2 = self.noise_scale**2
+        m, v = _activation_moments_tf(m1, m2, x)
+        return tf.reduce_sum(-0.5 * ((y - m) ** 2 + v) / s2 - 0.5 * np.log(2.0 * np.pi * s2))
 
     def predictive(self, posterior, x) -> Prediction:
         if hasattr(posterior, "cov"):
@@ -187,6 +233,17 @@ class LogisticRegression(Model):
         a = m[:, None] + np.sqrt(v)[:, None] * _GH_POINTS[None, :]
         return float(np.sum(_log_sigmoid(sign[:, None] * a) @ _GH_WEIGHTS))
 
+    def expected_log_likelihood_tf(self, m1, m2, x, y):
+        """``E_q[log p(y | x, theta)]`` in q's mean parameters by 64-point Gauss-Hermite quadrature
+        on each activation ``a_i ~ N(x_i . m, x_i^T S x_i)``: deterministic and differentiable."""
+        import tensorflow as tf
+
+        design = tf.concat([x, tf.ones([tf.shape(x)[0], 1], x.dtype)], axis=1)
+        m, v = _activation_moments_tf(m1, m2, design)
+        sign = 2.0 * y - 1.0
+        a = m[:, None] + tf.sqrt(tf.maximum(v, 0.0))[:, None] * _GH_POINTS[None, :]
+        return tf.reduce_sum(tf.linalg.matvec(tf.math.log_sigmoid(sign[:, None] * a), _GH_WEIGHTS))
+
     def predictive(self, posterior, x) -> Prediction:
         design = self._design(x)
         if hasattr(posterior, "cov"):
@@ -202,9 +259,18 @@ _REGISTRY = {m.name: m for m in (GaussianMean, LinearRegression, LogisticRegress
 
 
 @functools.cache
-def make_model(name: str, noise_scale: float = 1.0) -> Model:
+def make_model(name: str, noise_scale: float = 1.0, hidden: tuple[int, ...] = (50,),
+               num_outputs: int = 1) -> Model:
     """The model called ``name`` (see :data:`MODELS`); one shared instance per arguments, so the
-    compiled local optimiser is traced once per model, not once per call."""
+    compiled local optimiser is traced once per model, not once per call.
+
+    ``hidden`` (hidden-layer widths) and ``num_outputs`` (classes) apply to the BNN models only.
+    """
+    if name in ("bnn-classifier", "bnn-regression"):
+        from .bnn import BNNClassifier, BNNRegression
+
+        cls = BNNClassifier if name == "bnn-classifier" else BNNRegression
+        return cls(noise_scale, tuple(hidden), num_outputs if name == "bnn-classifier" else 1)
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     return _REGISTRY[name](noise_scale)

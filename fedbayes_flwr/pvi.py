@@ -33,9 +33,11 @@ import numpy as np
 from . import gaussian as G
 from .gaussian import NaturalGaussian
 from .seeds import derive_seed, numpy_rng
-from .vi import VIConfig, fit_gaussian
+from .vi import VIConfig, fit_fixed_point, fit_gaussian
 
-SCHEDULES = ("synchronous", "sequential")
+SCHEDULES = ("synchronous", "sequential", "asynchronous")
+CAVITIES = ("pvi", "no-deletion", "same-prior", "split-prior")
+LOCAL_OPTIMISERS = ("adam", "fixed-point")
 NO_ROUND = -1
 # Key prefixes of the encoded messages (see fedbayes_flwr.codec) and of the stored client state.
 KIND_TRAIN, KIND_REPLY, KIND_EVAL, KIND_TERM = "pvi.train", "pvi.reply", "pvi.eval", "pvi.term"
@@ -48,20 +50,37 @@ class PVIConfig(NamedTuple):
     Attributes
     ----------
     damping : float
-        ``rho`` in (0, 1] applied to each client's delta (``damping``).
+        ``rho`` in (0, 1] applied by each client to its delta (``damping``).
     schedule : str
-        ``synchronous`` or ``sequential`` (``schedule``).
+        ``synchronous``, ``sequential`` or ``asynchronous`` (``schedule``).
     vi : VIConfig
-        Local optimiser for non-conjugate models (``local-steps``, ``learning-rate``,
+        Adam local optimiser for non-conjugate models (``local-steps``, ``learning-rate``,
         ``mc-samples``, ``batch-size``).
     closed_form : bool
-        Use the exact local optimum for conjugate models (always on for them).
+        Use the exact local optimum for conjugate models.
+    server_damping : float
+        ``rho_s`` in (0, 1] the server applies to every accepted delta (``server-damping``). The
+        client commits ``t_k + rho_s * delta``, so client and server agree; the effective step
+        is ``damping * server-damping`` (set one of the two, not both).
+    cavity : str
+        ``pvi`` (``q / t_k``), ``no-deletion`` (``q``: streaming VB / VCL), ``same-prior`` (``p``:
+        BCM) or ``split-prior`` (``p^(1/M)``: BCM with split prior).
+    local_optimiser : str
+        ``adam`` (Monte-Carlo ELBO) or ``fixed-point`` (damped natural-gradient fixed-point
+        iterations; ``fixed-point-iterations``, ``local-damping``).
+    fixed_point_iterations : int
+    local_damping : float
     """
 
     damping: float = 1.0
     schedule: str = "synchronous"
     vi: VIConfig = VIConfig()
     closed_form: bool = True
+    server_damping: float = 1.0
+    cavity: str = "pvi"
+    local_optimiser: str = "adam"
+    fixed_point_iterations: int = 20
+    local_damping: float = 1.0
 
 
 class ServerState(NamedTuple):
@@ -91,10 +110,12 @@ class ServerMessage(NamedTuple):
 
 
 class ClientMessage(NamedTuple):
-    """What a client returns: the damped natural-parameter delta of its factor."""
+    """What a client returns: the damped natural-parameter delta of its factor, and the round tag
+    of the request it answers (echoed back, so a late asynchronous reply is acknowledged right)."""
 
     delta: NaturalGaussian
     num_examples: int
+    request_round: int
 
 
 class EvalMessage(NamedTuple):
@@ -148,7 +169,7 @@ def select_clients(run_seed: int, server_round: int, num_clients: int, schedule:
     ``sequential`` visits every client once per pass of ``num_clients`` rounds, each pass in a
     permutation seeded by (run seed, pass).
     """
-    if schedule == "synchronous":
+    if schedule in ("synchronous", "asynchronous"):  # asynchronous: everyone starts at once
         return list(range(num_clients))
     if schedule == "sequential":
         pass_index, position = divmod(server_round - 1, num_clients)
@@ -175,7 +196,7 @@ def sync_client(state: ClientState, accepted_round: int) -> ClientState:
 
 def local_optimum(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGaussian,
                   config: PVIConfig) -> NaturalGaussian:
-    """``argmax_q F_k(q)``: closed form for conjugate models, Monte-Carlo VI otherwise.
+    """``argmax_q F_k(q)``: closed form for conjugate models, else the configured optimiser.
 
     For a conjugate model the tilted distribution ``q_cav x p(y_k | theta)`` is Gaussian; a full
     covariance family takes it exactly, a mean-field family takes its KL projection.
@@ -184,24 +205,51 @@ def local_optimum(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGauss
     if factor is not None:
         tilted = G.add(G.like(factor, cavity), factor)
         return G.to_diag(tilted) if init.is_diag else tilted
+    if config.local_optimiser == "fixed-point":
+        return fit_fixed_point(seed, model, x, y, cavity, init, config.fixed_point_iterations,
+                               config.local_damping, config.vi.mc_samples)
     return fit_gaussian(seed, model, x, y, cavity, init, config.vi)
 
 
-def client_step(state: ClientState, message: ServerMessage, model, x, y,
-                config: PVIConfig) -> tuple[ClientState, ClientMessage]:
+def cavity_for(config: PVIConfig, posterior: NaturalGaussian, factor: NaturalGaussian,
+               prior: NaturalGaussian | None, num_clients: int) -> NaturalGaussian:
+    """The effective prior of the local problem for each algorithm of the PVI family.
+
+    References
+    ----------
+    Ashman et al. (2022), Section 4 and 5: PVI (``q / t_k``), streaming VB / VCL without deletion
+    (``q``), Bayesian committee machines with the same prior (``p``) or a split prior (``p^(1/M)``).
+    """
+    if config.cavity == "pvi":
+        return G.sub(posterior, factor)
+    if config.cavity == "no-deletion":
+        return posterior
+    if prior is None:
+        raise ValueError(f"cavity {config.cavity!r} needs the prior")
+    prior = G.like(posterior, prior)
+    return prior if config.cavity == "same-prior" else G.scale(prior, 1.0 / num_clients)
+
+
+def client_step(state: ClientState, message: ServerMessage, model, x, y, config: PVIConfig,
+                prior: NaturalGaussian | None = None,
+                num_clients: int = 1) -> tuple[ClientState, ClientMessage]:
     """One client update (Algorithm 1, step 2).
 
     Returns the new client state (the new factor pending) and the reply carrying
-    ``delta = rho * (t_new - t_old)``.
+    ``delta = rho * (t_new - t_old)``. ``prior`` and ``num_clients`` are needed by the BCM cavities
+    only. Without deletion (streaming VB) the factor grows by ``q_new / q`` every visit.
     """
     state = sync_client(state, message.accepted_round)
-    cavity = G.sub(message.posterior, state.factor)
+    cavity = cavity_for(config, message.posterior, state.factor, prior, num_clients)
     q_new = local_optimum(message.seed, model, x, y, cavity, message.posterior, config)
-    t_new = G.sub(q_new, cavity)
-    delta = G.scale(G.sub(t_new, state.factor), config.damping)
-    pending = G.add(state.factor, delta)
+    if config.cavity == "no-deletion":
+        change = G.sub(q_new, message.posterior)
+    else:
+        change = G.sub(G.sub(q_new, cavity), state.factor)
+    delta = G.scale(change, config.damping)
+    pending = G.add(state.factor, G.scale(delta, config.server_damping))
     return ClientState(state.factor, pending, message.server_round), ClientMessage(
-        delta, int(x.shape[0]))
+        delta, int(x.shape[0]), message.server_round)
 
 
 def check_delta(posterior: NaturalGaussian, delta: NaturalGaussian) -> tuple[str, str] | None:
@@ -219,14 +267,14 @@ def check_delta(posterior: NaturalGaussian, delta: NaturalGaussian) -> tuple[str
     return None
 
 
-def server_step(state: ServerState,
-                replies: list[tuple[int, ClientMessage | Rejection]]) -> tuple[ServerState,
-                                                                               ServerInfo]:
+def server_step(state: ServerState, replies: list[tuple[int, ClientMessage | Rejection]],
+                server_damping: float = 1.0) -> tuple[ServerState, ServerInfo]:
     """Apply the round's replies in partition order (Algorithm 1, step 3).
 
     ``replies`` pairs each partition id with its decoded reply, or with a :class:`Rejection` made
-    by the transport (undecodable reply, client error). A reply that fails :func:`check_delta` is
-    rejected and leaves the posterior untouched.
+    by the transport (undecodable reply, client error). Each accepted delta is scaled by
+    ``server_damping``. A reply that fails :func:`check_delta` is rejected and leaves the
+    posterior untouched. One call is one server update (asynchronous PVI calls it per reply).
     """
     posterior = state.posterior
     accepted_round = state.accepted_round.copy()
@@ -236,12 +284,13 @@ def server_step(state: ServerState,
         if isinstance(reply, Rejection):
             rejected.append(reply)
             continue
-        problem = check_delta(posterior, reply.delta)
+        damped = G.scale(reply.delta, server_damping)
+        problem = check_delta(posterior, damped)
         if problem is not None:
             rejected.append(Rejection(pid, *problem))
             continue
-        posterior = G.add(posterior, reply.delta)
-        accepted_round[pid] = server_round
+        posterior = G.add(posterior, damped)
+        accepted_round[pid] = reply.request_round
         accepted.append(pid)
     new_state = ServerState(state.prior, posterior, server_round, accepted_round)
     return new_state, ServerInfo(tuple(accepted), tuple(rejected))
@@ -266,3 +315,24 @@ def log_marginal_likelihood(state: ServerState, terms: list[float]) -> float:
     """Server side of :func:`free_energy_term`: the global free energy, a lower bound on
     ``log p(y)`` that is tight at the exact posterior of a conjugate model."""
     return float(np.sum(terms) + G.log_partition(state.posterior) - G.log_partition(state.prior))
+
+
+def optimise_prior_scale(state: ServerState) -> tuple[ServerState, float]:
+    """Variational-EM step for the prior scale: maximise the free energy over ``s`` in
+    ``p = N(0, s^2 I)`` with ``q`` fixed, ``s^2 = E_q[theta^T theta] / d``, then rebuild
+    ``q = p_new x prod t_k`` (the factors are unchanged).
+
+    For conjugate models the factors are exact, so the iteration is EM on the evidence
+    ``log p(y | s)`` and converges to its maximiser.
+
+    References
+    ----------
+    Ashman et al. (2022), Appendix A (hyperparameter learning by maximising the free energy).
+    """
+    mean, cov = G.to_moments(state.posterior)
+    second = float(mean @ mean + (cov.sum() if state.posterior.is_diag else np.trace(cov)))
+    scale = float(np.sqrt(second / state.posterior.dim))
+    var = np.full(state.posterior.dim, scale**2)
+    prior = G.from_moments(np.zeros(state.posterior.dim), var if state.prior.is_diag else np.diag(var))
+    posterior = G.add(G.sub(state.posterior, state.prior), prior)
+    return state._replace(prior=prior, posterior=posterior), scale

@@ -161,3 +161,73 @@ def _adam_loop(model, mu, raw, x, y, eta1, eta2, seed, steps, lr, mc, batch, min
                           tf.constant(1.0, tf.float64))
         avg = tuple(a + weight * (p - a) for a, p in zip(avg, params, strict=True))
     return avg
+
+
+def mean_params(q: NaturalGaussian) -> tuple[np.ndarray, np.ndarray]:
+    """Mean parameters ``(E theta, E theta theta^T)`` (``E theta^2`` for a diagonal q)."""
+    mean, cov = G.to_moments(q)
+    return mean, (cov + mean**2) if q.is_diag else (cov + np.outer(mean, mean))
+
+
+def expected_ll_grad(seed, model, x, y, q: NaturalGaussian, mc_samples: int = 10):
+    """Gradient of ``E_q[log p(y | theta)]`` w.r.t. q's mean parameters: the natural-parameter
+    "message" of the data (Khan & Lin 2017, eq. 7).
+
+    Exact through the model's ``expected_log_likelihood_tf`` when it has one (conjugate models,
+    Gauss-Hermite for logistic regression); otherwise a reparameterised Monte-Carlo estimate with
+    ``mc_samples`` draws from the stateless ``seed``.
+    """
+    m1_np, m2_np = mean_params(q)
+    m1, m2 = tf.constant(m1_np), tf.constant(m2_np)
+    x_t = tf.constant(x, tf.float64)
+    y_t = tf.zeros([x.shape[0]], tf.float64) if y is None else tf.constant(y, tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch([m1, m2])
+        if hasattr(model, "expected_log_likelihood_tf"):
+            value = model.expected_log_likelihood_tf(m1, m2, x_t, y_t)
+        else:
+            eps = tf.random.stateless_normal([mc_samples, q.dim], seed=tf.constant(seed, tf.int32),
+                                             dtype=tf.float64)
+            if q.is_diag:
+                theta = m1[None, :] + eps * tf.sqrt(m2 - m1**2)[None, :]
+            else:
+                chol = tf.linalg.cholesky(m2 - m1[:, None] * m1[None, :])
+                theta = m1[None, :] + tf.linalg.matmul(eps, chol, transpose_b=True)
+            value = tf.reduce_mean(model.log_likelihood_tf(theta, x_t, y_t))
+    g1, g2 = (g.numpy() for g in tape.gradient(value, [m1, m2]))
+    return g1, g2 if q.is_diag else 0.5 * (g2 + g2.T)
+
+
+def natural_gradient_step(seed, model, x, y, cavity: NaturalGaussian, q: NaturalGaussian,
+                          step: float, mc_samples: int = 10) -> NaturalGaussian:
+    """One damped fixed-point (natural-gradient) update of the local free energy.
+
+    ``eta <- (1 - step) eta + step (eta_cav + d E_q[log p(y_k | theta)] / d mu)`` where ``mu`` are
+    q's mean parameters. The bracket is the fixed point of the local free energy; the difference
+    ``eta_new - eta`` is ``step`` times its natural gradient. With ``step = 1`` a conjugate model
+    reaches its local optimum in one update. The step is halved while the result is not a proper
+    Gaussian.
+
+    References
+    ----------
+    Ashman et al. (2022), PVI, Section 2.5 (fixed-point updates, eq. 9-10, and their damped form as
+    natural-gradient ascent); Khan & Lin (2017), conjugate-computation VI.
+    """
+    g1, g2 = expected_ll_grad(seed, model, x, y, q, mc_samples)
+    target = NaturalGaussian(cavity.eta1 + g1, cavity.eta2 + g2)
+    for _ in range(30):
+        new = G.add(G.scale(q, 1.0 - step), G.scale(target, step))
+        if G.is_proper(new):
+            return new
+        step *= 0.5
+    raise FloatingPointError("natural-gradient step cannot keep the posterior proper")
+
+
+def fit_fixed_point(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGaussian,
+                    iterations: int, step: float, mc_samples: int = 10) -> NaturalGaussian:
+    """Iterate :func:`natural_gradient_step` ``iterations`` times from ``init`` (a local optimiser)."""
+    q = init
+    for i in range(iterations):
+        q = natural_gradient_step(tf.random.experimental.stateless_fold_in(
+            tf.constant(seed, tf.int32), i).numpy(), model, x, y, cavity, q, step, mc_samples)
+    return q

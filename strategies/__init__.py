@@ -2,6 +2,7 @@
 
 from .nodes import partition_map
 from .pvi import PVIStrategy
+from .pvi_async import AsyncPVIStrategy
 from .server_app import app, make_server_app
 
-__all__ = ["PVIStrategy", "app", "make_server_app", "partition_map"]
+__all__ = ["AsyncPVIStrategy", "PVIStrategy", "app", "make_server_app", "partition_map"]

@@ -56,10 +56,12 @@ class PVIStrategy(Strategy):
         Seed of the run; per-client seeds derive from it, the round and the partition id.
     config : fedbayes_flwr.pvi.PVIConfig
         Damping, schedule and local optimiser settings, sent to clients every round.
+    optimise_prior : bool
+        Learn the prior scale by maximising the free energy after every update.
     """
 
     def __init__(self, prior: NaturalGaussian, num_clients: int, run_seed: int = 0,
-                 config: pvi.PVIConfig | None = None):
+                 config: pvi.PVIConfig | None = None, optimise_prior: bool = False):
         self.state = pvi.init_server(prior, num_clients)
         self.num_clients = num_clients
         self.run_seed = run_seed
@@ -69,6 +71,8 @@ class PVIStrategy(Strategy):
         self._rejected: list[pvi.Rejection] = []
         self._accepted: tuple[int, ...] = ()
         self._lml: float | None = None
+        self._prior_scale: float | None = None
+        self.optimise_prior = optimise_prior
         self.round_logs: dict[int, RoundLog] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -128,14 +132,21 @@ class PVIStrategy(Strategy):
                               lambda pid: pvi.TrainRequest(
                                   pvi.broadcast(self.state, pid, self.run_seed), self.config))
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        template = pvi.ClientMessage(self.state.posterior, 0)
-        decoded = list(self._decode_replies(replies, pvi.KIND_REPLY, template, self._selected))
-        self.state, info = pvi.server_step(self.state, decoded)
+    def _apply(self, server_round: int, replies: Iterable[Message], expected) -> pvi.ServerInfo:
+        """Decode, validate and apply replies (one server update); log rejections."""
+        template = pvi.ClientMessage(self.state.posterior, 0, 0)
+        decoded = list(self._decode_replies(replies, pvi.KIND_REPLY, template, expected))
+        self.state, info = pvi.server_step(self.state, decoded, self.config.server_damping)
+        if self.optimise_prior:
+            self.state, self._prior_scale = pvi.optimise_prior_scale(self.state)
         for r in info.rejected:
             log(WARNING, "PVI round %s: rejected reply of partition %s (node %s), field %s: %s",
                 server_round, r.partition_id, self.nodes[r.partition_id], r.field, r.reason)
         self._rejected, self._accepted = list(info.rejected), info.accepted
+        return info
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        info = self._apply(server_round, replies, self._selected)
         metrics = MetricRecord({"rejected-replies": len(info.rejected),
                                 "accepted-replies": len(info.accepted)})
         return self._posterior_arrays(), metrics
@@ -154,7 +165,8 @@ class PVIStrategy(Strategy):
         self._lml = (None if missing else
                      pvi.log_marginal_likelihood(self.state, [float(t.term[0]) for _, t in terms]))
         self.round_logs[server_round] = RoundLog(self._lml, self._bytes[0], self._bytes[1],
-                                                 tuple(self._rejected), self._accepted)
+                                                 tuple(self._rejected), self._accepted,
+                                                 self._prior_scale)
         return MetricRecord({} if self._lml is None else {"log-marginal-likelihood": self._lml})
 
     def summary(self) -> None:

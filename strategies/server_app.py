@@ -14,6 +14,7 @@ from fedbayes_flwr.config import parse_run_config
 from fedbayes_flwr.experiment import Recorder, build_experiment
 
 from .pvi import PVIStrategy
+from .pvi_async import AsyncPVIStrategy
 
 
 def make_server_app(overrides: dict | None = None, engine: str = "simulation",
@@ -26,7 +27,9 @@ def make_server_app(overrides: dict | None = None, engine: str = "simulation",
     def main(grid: Grid, context: Context) -> None:
         config = parse_run_config({**dict(context.run_config), **overrides})
         exp = build_experiment(config)
-        strategy = PVIStrategy(exp.prior, exp.num_clients, config.seed, exp.pvi_config)
+        cls = AsyncPVIStrategy if config.schedule == "asynchronous" else PVIStrategy
+        strategy = cls(exp.prior, exp.num_clients, config.seed, exp.pvi_config,
+                       config.optimise_prior)
         recorder = Recorder(exp, engine, progress=progress)
 
         def record(server_round: int, arrays) -> None:

@@ -34,7 +34,7 @@ def test_dotted_keys_and_schema_version():
 
 
 def _reply():
-    return pvi.ClientMessage(G.from_moments(np.zeros(3), np.eye(3)), 5)
+    return pvi.ClientMessage(G.from_moments(np.zeros(3), np.eye(3)), 5, 1)
 
 
 @pytest.mark.parametrize("mutate, field, reason", [

@@ -10,16 +10,28 @@ from fedbayes_flwr.data import (
     PARTITIONS,
     DataError,
     Dataset,
+    is_dataset_name,
     load_dataset,
     partition_indices,
 )
 
-MODELS = ("gaussian-mean", "linear-regression", "logistic-regression")
+MODELS = (
+    "gaussian-mean",
+    "linear-regression",
+    "logistic-regression",
+    "bnn-classifier",
+    "bnn-regression",
+)
 
 
 @pytest.fixture(scope="module")
 def cancer() -> Dataset:
     return load_dataset("breast-cancer", "logistic-regression")
+
+
+@pytest.fixture(scope="module")
+def digits() -> Dataset:
+    return load_dataset("digits", "bnn-classifier")
 
 
 def _check_float(a: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -55,9 +67,24 @@ def _mean_tv(labels: np.ndarray, parts: list[np.ndarray]) -> float:
 
 
 def test_constants():
-    assert DATASETS == ("breast-cancer", "diabetes", "synthetic")
+    assert DATASETS == ("breast-cancer", "diabetes", "digits", "synthetic")
     assert PARTITIONS == ("iid", "dirichlet", "pathological", "natural")
     assert issubclass(DataError, ValueError)
+
+
+def test_models_known_to_the_library():
+    from fedbayes_flwr.models import MODELS as LIBRARY_MODELS
+
+    assert set(MODELS) <= set(LIBRARY_MODELS)
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("digits", True), ("synthetic", True), ("hub:mnist", True), ("hub:ylecun/mnist", True),
+     ("hub:", False), ("hub: ", False), ("mnist", False), ("", False)],
+)
+def test_is_dataset_name(name, ok):
+    assert is_dataset_name(name) is ok
 
 
 def test_breast_cancer(cancer):
@@ -79,6 +106,45 @@ def test_breast_cancer(cancer):
             np.testing.assert_array_equal(a, b)
 
 
+def test_breast_cancer_bnn_classifier(cancer):
+    d = load_dataset("breast-cancer", "bnn-classifier")
+    for a, b in zip(d, cancer, strict=True):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_diabetes_bnn_regression():
+    a = load_dataset("diabetes", "bnn-regression")
+    b = load_dataset("diabetes", "linear-regression")
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    np.testing.assert_array_equal(a.y_test, b.y_test)
+    assert a.y_train.dtype == np.float64
+
+
+def test_digits(digits):
+    d = digits
+    _check_float(d.x_train, (1437, 64))
+    _check_float(d.x_test, (360, 64))
+    assert d.y_train.dtype == np.int64 and d.y_test.dtype == np.int64
+    assert d.y_train.shape == (1437,) and d.y_test.shape == (360,)
+    assert d.client_id is None and d.name == "digits"
+    # Pixels 0..16 scaled by 1/16, not standardised.
+    for x in (d.x_train, d.x_test):
+        assert x.min() == 0.0 and x.max() == 1.0
+        np.testing.assert_array_equal(x * 16, np.round(x * 16))
+    assert set(np.unique(d.y_train)) == set(range(10)) == set(np.unique(d.y_test))
+    # Stratified: class shares of the test side match the training side.
+    counts_tr, counts_te = np.bincount(d.y_train), np.bincount(d.y_test)
+    np.testing.assert_allclose(counts_te / 360, counts_tr / 1437, atol=0.01)
+    # Fixed split: deterministic and independent of the run seed.
+    other = load_dataset("digits", "bnn-classifier", seed=99)
+    for a, b in zip(d, other, strict=True):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b)
+    half = load_dataset("digits", "bnn-classifier", test_fraction=0.5)
+    assert half.x_train.shape == (898, 64) and half.x_test.shape == (899, 64)
+
+
 def test_diabetes():
     d = load_dataset("diabetes", "linear-regression", seed=5)
     _check_float(d.x_train, (353, 10))
@@ -94,10 +160,16 @@ def test_diabetes():
 @pytest.mark.parametrize(
     ("name", "model", "needle"),
     [
-        ("breast-cancer", "linear-regression", "logistic-regression"),
+        ("breast-cancer", "linear-regression", "logistic-regression or bnn-classifier"),
         ("breast-cancer", "gaussian-mean", "logistic-regression"),
-        ("diabetes", "logistic-regression", "linear-regression"),
-        ("mnist", "logistic-regression", "breast-cancer, diabetes, synthetic"),
+        ("breast-cancer", "bnn-regression", "logistic-regression"),
+        ("diabetes", "logistic-regression", "linear-regression or bnn-regression"),
+        ("diabetes", "bnn-classifier", "linear-regression"),
+        ("digits", "logistic-regression", "use --model bnn-classifier"),
+        ("digits", "linear-regression", "10-class.*bnn-classifier"),
+        ("digits", "bnn-regression", "bnn-classifier"),
+        ("digits", "gaussian-mean", "bnn-classifier"),
+        ("mnist", "logistic-regression", "breast-cancer, diabetes, digits, synthetic or hub:"),
         ("synthetic", "poisson", "unknown model"),
     ],
 )
@@ -120,18 +192,35 @@ def test_synthetic(model):
     assert d.name == "synthetic" and d.client_id is None
     if model == "gaussian-mean":
         assert d.y_train is None and d.y_test is None
-    elif model == "linear-regression":
+    elif model in ("linear-regression", "bnn-regression"):
         _check_float(d.y_train, (40,))
         _check_float(d.y_test, (10,))
     else:
         assert d.y_train.dtype == np.int64 and d.y_train.shape == (40,)
-        assert set(np.unique(np.concatenate([d.y_train, d.y_test]))) <= {0, 1}
+        classes = {0, 1, 2} if model == "bnn-classifier" else {0, 1}
+        assert set(np.unique(np.concatenate([d.y_train, d.y_test]))) <= classes
     again = load_dataset("synthetic", model, seed=1, synthetic_size=50, synthetic_dim=4)
     other = load_dataset("synthetic", model, seed=2, synthetic_size=50, synthetic_dim=4)
     np.testing.assert_array_equal(d.x_train, again.x_train)
     if d.y_train is not None:
         np.testing.assert_array_equal(d.y_train, again.y_train)
     assert not np.array_equal(d.x_train, other.x_train)
+
+
+def test_synthetic_bnn_classifier_has_three_classes():
+    d = load_dataset("synthetic", "bnn-classifier", synthetic_size=600, synthetic_dim=4, seed=3)
+    counts = np.bincount(np.concatenate([d.y_train, d.y_test]), minlength=3)
+    assert counts.size == 3 and counts.min() > 30
+
+
+def test_synthetic_bnn_regression_is_nonlinear():
+    d = load_dataset("synthetic", "bnn-regression", synthetic_size=2000, noise_scale=0.05, seed=0)
+    x, y = d.x_train, d.y_train
+    assert np.all(np.abs(y) < 2.5)  # 2 sin(.) plus small noise
+    # A linear fit explains much less of y than the noise level allows.
+    design = np.column_stack([x, np.ones(len(x))])
+    resid = y - design @ np.linalg.lstsq(design, y, rcond=None)[0]
+    assert resid.std() > 10 * 0.05
 
 
 def test_synthetic_tiny_keeps_one_row_each_side():
@@ -224,6 +313,18 @@ _Y01 = np.array([0, 1, 0, 1, 0, 1])
             {"x_train": _X, "y_train": np.array([0, 1, 2, 3, 2, 1])},
             r"labels must be 0 or 1, found \[2, 3\]",
         ),
+        (
+            "bnn-classifier",
+            {"x_train": _X, "y_train": np.array([0, 1, -2, 3, 2.5, -2])},
+            r"y_train' labels must be integers >= 0, found \[-2, 2.5\]",
+        ),
+        (
+            "bnn-classifier",
+            {"x_train": _X, "y_train": np.arange(6), "x_test": _X, "y_test": np.full(6, 0.5)},
+            r"y_test' labels must be integers >= 0, found \[0.5\]",
+        ),
+        ("bnn-classifier", {"x_train": _X}, "y_train.*bnn-classifier"),
+        ("bnn-regression", {"x_train": _X}, "y_train.*bnn-regression"),
         ("gaussian-mean", {"x_train": _X, "client_id": np.arange(5)}, "client_id"),
         (
             "gaussian-mean",
@@ -243,6 +344,17 @@ def test_npz_errors(tmp_path, model, arrays, needle):
         load_dataset("synthetic", model, data_file=path)
     assert "data.npz" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_npz_bnn_models(tmp_path):
+    y = np.array([0, 4, 2, 2, 7, 1], dtype=np.float32)  # integer-valued floats are fine
+    path = _write(tmp_path, x_train=_X, y_train=y, x_test=_X[:2], y_test=np.array([3, 0]))
+    d = load_dataset("synthetic", "bnn-classifier", data_file=path)
+    assert d.y_train.dtype == np.int64 and d.y_test.dtype == np.int64
+    np.testing.assert_array_equal(d.y_train, [0, 4, 2, 2, 7, 1])
+    r = load_dataset("synthetic", "bnn-regression", data_file=path)
+    assert r.y_train.dtype == np.float64
+    np.testing.assert_array_equal(r.y_train, y)
 
 
 def test_npz_missing_file(tmp_path):
@@ -312,6 +424,27 @@ def test_pathological_errors(cancer):
         partition_indices(cancer, 4, "pathological", classes_per_client=3)
     with pytest.raises(DataError, match="unassigned"):
         partition_indices(cancer, 1, "pathological", classes_per_client=1)
+
+
+@pytest.mark.parametrize("num_clients", [10, 20, 100])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_pathological_digits_two_classes_per_client(digits, num_clients, seed):
+    """McMahan et al.'s non-IID split: every client holds exactly 2 digits, all rows used."""
+    n = digits.x_train.shape[0]
+    parts = partition_indices(digits, num_clients, "pathological", classes_per_client=2, seed=seed)
+    _check_cover(parts, n, num_clients)  # non-empty, sorted, every row exactly once
+    for p in parts:
+        assert np.unique(digits.y_train[p]).size == 2
+    assert _same(parts, partition_indices(digits, num_clients, "pathological", seed=seed))
+    if num_clients == 100:
+        assert min(p.size for p in parts) >= 5 and sum(p.size for p in parts) == 1437
+
+
+def test_pathological_digits_impossible(digits):
+    with pytest.raises(DataError, match="impossible"):
+        partition_indices(digits, 1000, "pathological", classes_per_client=2)
+    with pytest.raises(DataError, match="exceeds the number of distinct labels \\(10\\)"):
+        partition_indices(digits, 10, "pathological", classes_per_client=11)
 
 
 def test_natural(tmp_path):

@@ -104,9 +104,9 @@ def test_mean_field_gaussian_mean_is_exact():
 def test_server_rejects_bad_delta_and_keeps_posterior():
     prior = G.from_moments(np.zeros(2), np.eye(2))
     state = pvi.init_server(prior, 2)
-    good = pvi.ClientMessage(G.make([1.0, 0.0], -0.5 * np.eye(2)), 3)
-    nan = pvi.ClientMessage(G.make([np.nan, 0.0], np.zeros((2, 2))), 3)
-    negative = pvi.ClientMessage(G.make([0.0, 0.0], np.eye(2)), 3)  # precision 1 - 2 < 0
+    good = pvi.ClientMessage(G.make([1.0, 0.0], -0.5 * np.eye(2)), 3, 1)
+    nan = pvi.ClientMessage(G.make([np.nan, 0.0], np.zeros((2, 2))), 3, 1)
+    negative = pvi.ClientMessage(G.make([0.0, 0.0], np.eye(2)), 3, 2)  # precision 1 - 2 < 0
     new, info = pvi.server_step(state, [(1, nan), (0, good)])
     assert info.accepted == (0,) and info.rejected[0].field == "delta.eta1"
     np.testing.assert_array_equal(new.posterior.eta2, G.add(prior, good.delta).eta2)
