@@ -131,10 +131,14 @@ def health(rows: list[dict]) -> dict:
 class Results:
     """The JSON document, rewritten atomically after every change."""
 
-    def __init__(self, path: str, meta: dict):
+    def __init__(self, path: str, meta: dict, keep: bool = False):
+        """A fresh document, or (``keep``) the one already at ``path`` if there is one."""
         self.path = path
         self.doc = {**meta, "runs": {}, "reference": {}, "rounds_to_within_1pct": {},
                     "final": {}, "headline": {}, "timing": None}
+        if keep and os.path.exists(path):
+            with open(path) as f:
+                self.doc = json.load(f)
         self.write()
 
     def write(self) -> None:
@@ -282,47 +286,87 @@ def run_engine(engine: str, partition: str, args) -> dict:
             "_mean": mean}
 
 
+def _ratio(num, den):
+    return num / den if num is not None and den else None
+
+
 def run_timing(args, results: Results) -> None:
-    """Flower Simulation Engine against the in-process engine, same config and seed."""
+    """Flower Simulation Engine against the in-process engine, same config and seed.
+
+    Each repeat runs both engines as fresh processes; the summary ratios are medians over repeats.
+    The 1-minute load average before each run is recorded: other work on the machine skews the
+    figures (Flower runs two clients at a time on two cores, in-process runs them one by one).
+    """
     partition = TIMING_PARTITION
-    engines = {}
-    for engine in ("in-process", "simulation"):
-        engines[engine] = run_engine(engine, partition, args)
-        e = engines[engine]
-        print(f"[timing] {engine:<10} rounds={e['rounds']} total={e['total_s']:.2f}s "
-              f"per-round(excl. r1)={e['mean_s_per_round_excl_round_1'] or float('nan'):.3f}s "
-              f"process={e['process_wall_s']:.1f}s test_nll={e['final_test_nll']:.6f}",
-              flush=True)
-    flw, inp = engines["simulation"], engines["in-process"]
-    mean_diff = float(np.max(np.abs(flw.pop("_mean") - inp.pop("_mean"))))
-    per_round = (flw["mean_s_per_round_excl_round_1"] / inp["mean_s_per_round_excl_round_1"]
-                 if inp["mean_s_per_round_excl_round_1"] else None)
+    repeats = []
+    for rep in range(args.timing_repeats):
+        engines = {}
+        for engine in ("in-process", "simulation"):
+            load = os.getloadavg()[0]
+            engines[engine] = run_engine(engine, partition, args)
+            e = engines[engine]
+            e["load_avg_1min_before"] = round(load, 2)
+            print(f"[timing {rep + 1}/{args.timing_repeats}] {engine:<10} rounds={e['rounds']} "
+                  f"total={e['total_s']:.2f}s "
+                  f"per-round(excl. r1)={e['mean_s_per_round_excl_round_1'] or float('nan'):.3f}s"
+                  f" process={e['process_wall_s']:.1f}s test_nll={e['final_test_nll']:.6f} "
+                  f"load={load:.2f}", flush=True)
+        flw, inp = engines["simulation"], engines["in-process"]
+        repeats.append({
+            "engines": engines,
+            "ratio_per_round_excl_round_1": _ratio(flw["mean_s_per_round_excl_round_1"],
+                                                   inp["mean_s_per_round_excl_round_1"]),
+            "ratio_total": _ratio(flw["total_s"], inp["total_s"]),
+            "ratio_process_wall": _ratio(flw["process_wall_s"], inp["process_wall_s"]),
+            "same_posterior_max_abs_diff_mean": float(np.max(np.abs(flw.pop("_mean")
+                                                                    - inp.pop("_mean")))),
+            "test_nll_abs_diff": abs(flw["final_test_nll"] - inp["final_test_nll"]),
+            "log_marginal_likelihood_abs_diff": abs(flw["final_log_marginal_likelihood"]
+                                                    - inp["final_log_marginal_likelihood"])})
+
+    def median(key, engine=None):
+        vals = [(r["engines"][engine][key] if engine else r[key]) for r in repeats]
+        vals = [v for v in vals if v is not None]
+        return float(np.median(vals)) if vals else None
+
     bench_run = results.doc["runs"].get(partition, {}).get("sync-pvi-d0.5")
+    first_inp = repeats[0]["engines"]["in-process"]
     results.doc["timing"] = {
         "config": run_config("sync-pvi-d0.5", partition, args.rounds, args.seed, "<per engine>"),
         "note": "elapsed_s is measured by the server's Recorder from its creation (after data "
                 "loading; for Flower also after Ray start-up, but including node discovery). "
                 "Round 1 also includes TensorFlow tracing in every process, so the per-round "
-                "figure excludes it. Each Flower round is one train and one evaluate exchange.",
-        "engines": engines,
-        "ratio_flower_over_in_process_per_round_excl_round_1": per_round,
-        "ratio_flower_over_in_process_total": flw["total_s"] / inp["total_s"],
-        "ratio_flower_over_in_process_process_wall": flw["process_wall_s"] / inp["process_wall_s"],
-        "same_posterior_max_abs_diff_mean": mean_diff,
-        "test_nll_abs_diff": abs(flw["final_test_nll"] - inp["final_test_nll"]),
-        "log_marginal_likelihood_abs_diff": abs(flw["final_log_marginal_likelihood"]
-                                                - inp["final_log_marginal_likelihood"]),
+                "figure excludes it. Each Flower round is one train and one evaluate exchange. "
+                "Summary figures are medians over repeats.",
+        "repeats": repeats,
+        "in_process": {k: median(k, "in-process") for k in (
+            "mean_s_per_round_excl_round_1", "mean_s_per_round_incl_round_1", "round_1_s",
+            "total_s", "process_wall_s")},
+        "flower_simulation": {k: median(k, "simulation") for k in (
+            "mean_s_per_round_excl_round_1", "mean_s_per_round_incl_round_1", "round_1_s",
+            "total_s", "process_wall_s")},
+        "ratio_flower_over_in_process_per_round_excl_round_1": median(
+            "ratio_per_round_excl_round_1"),
+        "ratio_flower_over_in_process_total": median("ratio_total"),
+        "ratio_flower_over_in_process_process_wall": median("ratio_process_wall"),
+        "same_posterior_max_abs_diff_mean": max(r["same_posterior_max_abs_diff_mean"]
+                                                for r in repeats),
+        "test_nll_abs_diff": max(r["test_nll_abs_diff"] for r in repeats),
+        "log_marginal_likelihood_abs_diff": max(r["log_marginal_likelihood_abs_diff"]
+                                                for r in repeats),
         "in_process_matches_benchmark_run": None if bench_run is None else
-        abs(bench_run["curve"][-1]["test_nll"] - inp["final_test_nll"]),
+        abs(bench_run["curve"][-1]["test_nll"] - first_inp["final_test_nll"]),
     }
     results.write()
     t = results.doc["timing"]
-    print(f"[timing] flower/in-process per round (excl. r1) = {per_round:.2f}x, total = "
-          f"{t['ratio_flower_over_in_process_total']:.2f}x; max |mean diff| = {mean_diff:.2e}, "
-          f"|NLL diff| = {t['test_nll_abs_diff']:.2e}", flush=True)
-    plot_curves({engine: [(r, s) for r, s in enumerate(e["elapsed_s"], start=1)]
-                 for engine, e in engines.items()},
-                os.path.join(args.results_dir, f"{NAME}_timing.png"),
+    print(f"[timing] median flower/in-process per round (excl. r1) = "
+          f"{t['ratio_flower_over_in_process_per_round_excl_round_1']:.2f}x, total = "
+          f"{t['ratio_flower_over_in_process_total']:.2f}x; max |mean diff| = "
+          f"{t['same_posterior_max_abs_diff_mean']:.2e}, |NLL diff| = "
+          f"{t['test_nll_abs_diff']:.2e}", flush=True)
+    curves = {f"{engine} #{i + 1}": [(r, s) for r, s in enumerate(e["elapsed_s"], start=1)]
+              for i, rep in enumerate(repeats) for engine, e in rep["engines"].items()}
+    plot_curves(curves, os.path.join(args.results_dir, f"{NAME}_timing.png"),
                 xlabel="round", ylabel="elapsed seconds (server)",
                 title=f"sync PVI, {partition}: Flower simulation vs in-process")
 
@@ -337,6 +381,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--partitions", nargs="+", choices=tuple(PARTITIONS), default=None,
                         help="default: all (quick: dirichlet-0.5)")
     parser.add_argument("--skip-flower", action="store_true", help="skip the engine timing")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="only the engine timing; updates 'timing' in an existing JSON")
+    parser.add_argument("--timing-repeats", type=int, default=None,
+                        help="engine timing repeats (medians are reported); default 2, quick 1")
     parser.add_argument("--results-dir", default=None,
                         help="where the JSON and plots go (default benchmarks/results; quick: "
                              "<work-dir>/results)")
@@ -354,6 +402,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.results_dir = os.path.abspath(args.results_dir)
     if args.rounds is None:
         args.rounds = 2 if args.quick else 10
+    if args.timing_repeats is None:
+        args.timing_repeats = 1 if args.quick else 2
     if args.partitions is None:
         args.partitions = [HEADLINE_PARTITION] if args.quick else list(PARTITIONS)
     return args
@@ -376,16 +426,18 @@ def main(argv=None) -> int:
             "partitions": {p: dict(zip(("partition", "partition_alpha"), PARTITIONS[p],
                                        strict=True)) for p in args.partitions},
             "work_dir": args.work_dir, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    results = Results(path, meta)
+    results = Results(path, meta, keep=args.timing_only)
     print(f"results -> {path}; run outputs -> {args.work_dir}", flush=True)
     t0 = time.perf_counter()
-    for partition in args.partitions:
-        run_partition(partition, args, results)
-    if not args.skip_flower:
+    if not args.timing_only:
+        for partition in args.partitions:
+            run_partition(partition, args, results)
+    if args.timing_only or not args.skip_flower:
         run_timing(args, results)
-    results.doc["benchmark_wall_s"] = round(time.perf_counter() - t0, 1)
+    key = "timing_wall_s" if args.timing_only else "benchmark_wall_s"
+    results.doc[key] = round(time.perf_counter() - t0, 1)
     results.write()
-    print(f"done in {results.doc['benchmark_wall_s']:.0f}s: {path}", flush=True)
+    print(f"done in {results.doc[key]:.0f}s: {path}", flush=True)
     return 0
 
 

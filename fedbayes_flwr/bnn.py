@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import gaussian as G
+from .gaussian import NaturalGaussian
 from .metrics import multiclass_classification_metrics, reliability_diagram
 from .models import Model, Prediction
 
 PREDICTIVE_SAMPLES = 100
 PREDICTIVE_SEED = np.array([20240, 7], dtype=np.int32)
+INIT_SEED = 12345
+INIT_STD = 1e-3
 
 
 def parse_hidden(text: str) -> tuple[int, ...]:
@@ -71,6 +75,25 @@ class BNN(Model):
             if i < len(sizes) - 2:
                 h = tf.nn.relu(h)
         return h
+
+    def local_init(self, q: NaturalGaussian, num_features: int) -> NaturalGaussian:
+        """Starting point of a local optimisation from the broadcast ``q``.
+
+        A zero-mean network has no gradient through its ReLUs and a prior-wide q drowns the data
+        term, so while ``q`` still has a zero mean (nothing learnt yet) the optimiser starts from a
+        He-initialised mean drawn from a FIXED seed, the same on every client (so that all clients
+        start in the same basin of the permutation-symmetric posterior), and standard deviations
+        are capped at ``INIT_STD``. Only the start changes; the objective is untouched.
+        """
+        mean, var = G.to_moments(q)
+        if not np.any(mean):
+            rng = np.random.default_rng(INIT_SEED)
+            sizes = self.layer_sizes(num_features)
+            parts = []
+            for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+                parts += [rng.normal(0.0, np.sqrt(2.0 / fan_in), fan_in * fan_out), np.zeros(fan_out)]
+            mean = np.concatenate(parts)
+        return G.from_moments(mean, np.minimum(var, INIT_STD**2))
 
     def _draws(self, posterior) -> np.ndarray:
         if hasattr(posterior, "samples"):

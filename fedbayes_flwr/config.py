@@ -111,6 +111,7 @@ def apply_algorithm_preset(c: RunConfig) -> RunConfig:
     * ``bcm-same`` / ``bcm-split``: one synchronous round, no damping.
     * ``vcl`` / ``streaming-vb``: one sequential pass (``num-rounds = num-clients``), no deletion.
     * ``streaming-vb-no-deletion``: sequential passes that revisit clients without deleting.
+    * ``global-vi``: the pooled data on one client, synchronous, no damping.
     * ``global-vi-federated``: synchronous, one natural-gradient step (``local-damping``) per
       client per round: global VI's dynamics (Ashman et al. 2022, Section 2.5).
     """
@@ -121,6 +122,8 @@ def apply_algorithm_preset(c: RunConfig) -> RunConfig:
                          server_damping=1.0)
     if c.algorithm == "streaming-vb-no-deletion":
         return c.replace(schedule="sequential", damping=1.0, server_damping=1.0)
+    if c.algorithm == "global-vi":  # one client: damping would only slow the fit down
+        return c.replace(schedule="synchronous", damping=1.0, server_damping=1.0)
     if c.algorithm == "global-vi-federated":
         return c.replace(schedule="synchronous", damping=1.0, server_damping=1.0,
                          local_optimiser="fixed-point", fixed_point_iterations=1)

@@ -101,6 +101,10 @@ class Model:
     def likelihood_factor(self, x, y) -> NaturalGaussian | None:
         return None
 
+    def local_init(self, q: NaturalGaussian, num_features: int) -> NaturalGaussian:
+        """Where a local optimisation starts (the broadcast posterior, for convex models)."""
+        return q
+
     def expected_log_likelihood(self, q, x, y) -> float:
         """Monte-Carlo ``E_q[log p(y | theta)]`` from a fixed seed (models without a closed form)."""
         import tensorflow as tf

@@ -208,7 +208,7 @@ def local_optimum(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGauss
     if config.local_optimiser == "fixed-point":
         return fit_fixed_point(seed, model, x, y, cavity, init, config.fixed_point_iterations,
                                config.local_damping, config.vi.mc_samples)
-    return fit_gaussian(seed, model, x, y, cavity, init, config.vi)
+    return fit_gaussian(seed, model, x, y, cavity, model.local_init(init, x.shape[1]), config.vi)
 
 
 def cavity_for(config: PVIConfig, posterior: NaturalGaussian, factor: NaturalGaussian,

@@ -1,0 +1,186 @@
+"""The PVI family: baselines, federated global VI, fixed-point updates, prior learning, async.
+
+Each test states the maths that makes its assertion exact (or its tolerance).
+"""
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize_scalar
+from scipy.stats import multivariate_normal
+
+from fedbayes_flwr import gaussian as G
+from fedbayes_flwr import models
+from fedbayes_flwr.config import parse_run_config
+from fedbayes_flwr.experiment import build_experiment, iterate_in_process
+from fedbayes_flwr.posterior import GaussianPosterior
+
+CONJUGATE = {"model": "linear-regression", "dataset": "synthetic", "num-clients": 10,
+             "partition": "dirichlet", "partition-alpha": 0.3, "seed": 2, "synthetic-size": 300}
+
+
+def _exp(**kw):
+    """Experiment from CONJUGATE updated by ``kw`` (snake_case names become kebab-case keys)."""
+    return build_experiment(parse_run_config({**CONJUGATE,
+                                              **{k.replace("_", "-"): v for k, v in kw.items()}}))
+
+
+def _exact(exp):
+    return models.exact_posterior(exp.model, exp.prior, exp.dataset.x_train, exp.dataset.y_train)
+
+
+def _rel(nat, exact):
+    (m, c), (me, ce) = G.to_moments(nat), G.to_moments(exact)
+    return max(np.linalg.norm(m - me) / np.linalg.norm(me), np.linalg.norm(c - ce) / np.linalg.norm(ce))
+
+
+def _final(exp, rounds=None):
+    return list(iterate_in_process(exp, num_rounds=rounds))[-1][1].posterior
+
+
+# --- baselines (Ashman et al. 2022, Section 5) -------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["bcm-split", "bcm-same"])
+@pytest.mark.parametrize("model", ["linear-regression", "gaussian-mean"])
+def test_bcm_is_exact_on_conjugate_models(algorithm, model):
+    """prod_k q_k(theta) with q_k ∝ p^(1/M) p(y_k|theta) (split) or prod_k q_k / p^(M-1) with
+    q_k ∝ p p(y_k|theta) (same) are both p prod_k p(y_k|theta): exact for Gaussian factors."""
+    exp = _exp(algorithm=algorithm, model=model)
+    assert exp.config.num_rounds == 1  # one shot
+    assert _rel(_final(exp), _exact(exp)) <= 1e-8
+
+
+def test_vcl_is_one_sequential_pass_and_exact_on_conjugate_models():
+    exp = _exp(algorithm="vcl")
+    rounds = list(iterate_in_process(exp))
+    assert exp.config.num_rounds == exp.num_clients and len(rounds) == exp.num_clients
+    assert sorted(c for _, _, log in rounds for c in log.clients) == list(range(exp.num_clients))
+    assert _rel(rounds[-1][1].posterior, _exact(exp)) <= 1e-8
+
+
+def test_streaming_vb_without_deletion_over_counts_while_pvi_stays_exact():
+    """Revisiting without deleting t_k multiplies every likelihood in again: after P passes the
+    precision is prior + P * data precision, so the posterior std shrinks like 1/sqrt(P) below the
+    exact one. Small data (40 rows, 4 clients) so the over-confidence is visible."""
+    small = {"num-clients": 4, "synthetic-size": 50, "num-rounds": 12}
+    no_del = _exp(algorithm="streaming-vb-no-deletion", **small)
+    pvi = _exp(algorithm="pvi", schedule="sequential", damping=1.0, **small)
+    exact_std = G.std(_exact(no_del))
+    stds = [G.std(state.posterior) for r, state, _ in iterate_in_process(no_del)
+            if r % no_del.num_clients == 0]
+    assert len(stds) == 3
+    np.testing.assert_allclose(stds[0], exact_std, rtol=1e-8)  # first pass = streaming VB, exact
+    assert np.all(stds[1] < exact_std) and np.all(stds[2] < stds[1])  # shrinking with passes
+    # precision after P passes = prior + P * (exact - prior)
+    prec3 = G.precision(_final(no_del))
+    expected = G.precision(no_del.prior) + 3 * (G.precision(_exact(no_del)) - G.precision(no_del.prior))
+    np.testing.assert_allclose(prec3, expected, rtol=1e-8)
+    assert _rel(_final(pvi), _exact(pvi)) <= 1e-8  # PVI revisits with deletion: stays exact
+
+
+# --- global VI federated the paper's way (Section 2.5) -----------------------------------------
+
+def test_federated_global_vi_reproduces_centralised_trajectory_step_for_step():
+    """One damped natural-gradient step per client per round: the sum of the clients' natural
+    gradients of their local free energies at q is the natural gradient of the global free energy,
+    so the server's update equals a step of centralised global VI (Ashman et al. 2022, B.5)."""
+    keys = {"model": "logistic-regression", "dataset": "breast-cancer", "num-rounds": 6,
+            "local-damping": 0.5, "partition": "dirichlet", "partition-alpha": 0.5}
+    federated = build_experiment(parse_run_config({**keys, "algorithm": "global-vi-federated"}))
+    central = build_experiment(parse_run_config({**keys, "algorithm": "global-vi",
+                                                 "local-optimiser": "fixed-point",
+                                                 "fixed-point-iterations": 1}))
+    assert federated.num_clients == 10 and central.num_clients == 1
+    steps = list(zip(iterate_in_process(federated), iterate_in_process(central), strict=True))
+    for (_, fed, _), (_, cen, _) in steps:
+        np.testing.assert_allclose(fed.posterior.eta1, cen.posterior.eta1, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(fed.posterior.eta2, cen.posterior.eta2, rtol=1e-9, atol=1e-9)
+    # and the trajectory moves (not a trivially constant sequence)
+    first, last = steps[0][0][1].posterior, steps[-1][0][1].posterior
+    assert np.max(np.abs(first.eta1 - last.eta1)) > 1e-2
+
+
+def test_fixed_point_local_optimiser_reaches_global_vi_optimum_of_adam():
+    """Fixed-point iterations and Adam optimise the same free energy; the deterministic fixed
+    point must be at least as good (its free energy >= Adam's, up to Adam's MC error)."""
+    keys = {"algorithm": "global-vi", "num-rounds": 1}
+    fp = list(iterate_in_process(build_experiment(parse_run_config(
+        {**keys, "local-optimiser": "fixed-point", "fixed-point-iterations": 15}))))[-1][2]
+    adam = list(iterate_in_process(build_experiment(parse_run_config(keys))))[-1][2]
+    assert fp.log_marginal_likelihood >= adam.log_marginal_likelihood - 0.05
+
+
+def test_fixed_point_is_exact_in_one_step_for_conjugate_models():
+    exp = _exp(local_optimiser="fixed-point", fixed_point_iterations=1, damping=1.0)
+    exp = exp._replace(pvi_config=exp.pvi_config._replace(closed_form=False))
+    assert _rel(_final(exp, 1), _exact(exp)) <= 1e-8
+
+
+# --- damping on both sides ---------------------------------------------------------------------
+
+def test_client_and_server_damping_multiply_and_stay_consistent():
+    """With client damping a and server damping b each round moves every factor a*b of the way."""
+    exp = _exp(damping=0.5, server_damping=0.5)
+    exact = _exact(exp)
+    scale = np.linalg.norm(exact.eta2 - exp.prior.eta2)
+    errors = [np.linalg.norm(s.posterior.eta2 - exact.eta2) / scale
+              for _, s, _ in iterate_in_process(exp, num_rounds=8)]
+    np.testing.assert_allclose(np.array(errors[1:]) / errors[:-1], 0.75, rtol=1e-6)
+
+
+# --- learning the prior scale by maximising the free energy (Appendix A) ----------------------
+
+def test_optimise_prior_recovers_evidence_maximising_scale():
+    exp = _exp(optimise_prior=True, damping=1.0, num_rounds=300, **{"synthetic-dim": 5})
+    x, y, s2 = exp.dataset.x_train, exp.dataset.y_train, exp.model.noise_scale**2
+
+    def neg_evidence(log_scale):
+        cov = np.exp(2 * log_scale) * x @ x.T + s2 * np.eye(len(y))
+        return -multivariate_normal(np.zeros(len(y)), cov).logpdf(y)
+
+    best = float(np.exp(minimize_scalar(neg_evidence, bounds=(-5, 5), method="bounded").x))
+    logs = [log for _, _, log in iterate_in_process(exp)]
+    learned = logs[-1].prior_scale
+    assert learned == pytest.approx(best, rel=0.05)
+    # the free energy is then the (maximised) evidence
+    assert logs[-1].log_marginal_likelihood == pytest.approx(-neg_evidence(np.log(learned)), abs=1e-6)
+    assert logs[-1].log_marginal_likelihood >= logs[0].log_marginal_likelihood
+
+
+# --- asynchronous PVI (Section 2.4) ------------------------------------------------------------
+
+def test_async_pvi_converges_to_exact_with_stragglers():
+    # stragglers apply ~1 update per 38 server updates; 800 updates give them ~21 damped steps
+    exp = _exp(schedule="asynchronous", damping=0.5, num_rounds=800, stragglers="7,8,9")
+    rounds = list(iterate_in_process(exp))
+    assert _rel(rounds[-1][1].posterior, _exact(exp)) <= 1e-4
+
+
+def test_async_applies_straggler_updates_on_arrival_not_at_a_barrier():
+    """Fast clients take 1 time unit, stragglers 5: by t = 5 each fast client has been applied 5
+    times, and each straggler's update is applied at t = 5 among them, with no wait."""
+    exp = _exp(schedule="asynchronous", damping=0.5, num_rounds=60, stragglers="7,8,9")
+    logs = [log for _, _, log in iterate_in_process(exp)]
+    first = {k: next(i for i, log in enumerate(logs) if log.clients == (k,)) for k in range(10)}
+    for k in (7, 8, 9):
+        assert logs[first[k]].virtual_time == 5.0
+        before = [log.clients[0] for log in logs[:first[k]]]
+        assert all(before.count(j) >= 4 for j in range(7))  # fast clients kept going meanwhile
+    # every update applies a single reply (no batching at a barrier)
+    assert all(len(log.clients) == 1 for log in logs)
+
+
+def test_async_logistic_matches_synchronous_nll():
+    keys = {"model": "logistic-regression", "dataset": "breast-cancer", "num-clients": 10,
+            "partition": "dirichlet", "partition-alpha": 0.5, "local-optimiser": "fixed-point",
+            "fixed-point-iterations": 10}
+    sync = build_experiment(parse_run_config({**keys, "num-rounds": 10}))
+    # 400 updates: each straggler contributes ~10 damped updates (400 / (7 + 3/5) / 5)
+    asyn = build_experiment(parse_run_config({**keys, "schedule": "asynchronous", "num-rounds": 400,
+                                              "stragglers": "7,8,9"}))
+
+    def nll(exp):
+        state = list(iterate_in_process(exp))[-1][1]
+        return exp.model.metrics(GaussianPosterior(state.posterior), exp.dataset.x_test,
+                                 exp.dataset.y_test)[0]["test_nll"]
+
+    assert nll(asyn) == pytest.approx(nll(sync), rel=0.01)
