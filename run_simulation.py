@@ -44,6 +44,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, dict]:
                         help="space-separated key=value overrides in Flower's syntax")
     parser.add_argument("--num-cpus-per-client", type=float, default=1.0,
                         help="Ray resources per simulated client (default 1)")
+    parser.add_argument("--optimise-prior", action="store_true",
+                        help="learn prior-scale by maximising the free energy (run-config "
+                             "optimise-prior=true); the learned value is reported")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     args = parser.parse_args(argv)
     from fedbayes_flwr.config import parse_override_string
@@ -53,6 +56,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, dict]:
         value = getattr(args, flag.replace("-", "_"))
         if value is not None:
             overrides[flag] = value
+    if args.optimise_prior:
+        overrides["optimise-prior"] = True
     for key in ("data", "output-dir"):  # Ray workers do not share our working directory
         if overrides.get(key):
             overrides[key] = os.path.abspath(overrides[key])
