@@ -16,6 +16,7 @@ With ``M = 1`` and the prior as cavity, this *is* global VI.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -225,9 +226,24 @@ def natural_gradient_step(seed, model, x, y, cavity: NaturalGaussian, q: Natural
 
 def fit_fixed_point(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGaussian,
                     iterations: int, step: float, mc_samples: int = 10) -> NaturalGaussian:
-    """Iterate :func:`natural_gradient_step` ``iterations`` times from ``init`` (a local optimiser)."""
+    """Iterate :func:`natural_gradient_step` ``iterations`` times from ``init`` (a local optimiser).
+
+    Fixed-point iterations have no Lyapunov function and can cycle (seen with ``step = 1`` on weak
+    cavities): a :class:`FixedPointWarning` is issued when the last update still moved the mean by
+    more than ``1e-4`` of its norm; a smaller ``local-damping`` then converges.
+    """
     q = init
     for i in range(iterations):
+        previous = q
         q = natural_gradient_step(tf.random.experimental.stateless_fold_in(
             tf.constant(seed, tf.int32), i).numpy(), model, x, y, cavity, q, step, mc_samples)
+    m_new, m_old = G.to_moments(q)[0], G.to_moments(previous)[0]
+    if iterations > 1 and np.linalg.norm(m_new - m_old) > 1e-4 * max(np.linalg.norm(m_new), 1.0):
+        warnings.warn(f"fixed-point iterations did not converge in {iterations} iterations "
+                      f"(last mean change {np.linalg.norm(m_new - m_old):.3g}); lower local-damping "
+                      f"or raise fixed-point-iterations", FixedPointWarning, stacklevel=2)
     return q
+
+
+class FixedPointWarning(RuntimeWarning):
+    """Fixed-point local iterations ended without converging."""

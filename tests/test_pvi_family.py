@@ -184,3 +184,20 @@ def test_async_logistic_matches_synchronous_nll():
                                  exp.dataset.y_test)[0]["test_nll"]
 
     assert nll(asyn) == pytest.approx(nll(sync), rel=0.01)
+
+
+def test_cycling_fixed_point_iterations_warn():
+    """bcm-split on iid breast-cancer with undamped fixed-point updates falls into a 2-cycle (found
+    by the baselines benchmark); the user is told instead of silently getting the last iterate."""
+    from fedbayes_flwr.vi import FixedPointWarning
+
+    keys = {"algorithm": "bcm-split", "partition": "iid", "local-optimiser": "fixed-point",
+            "fixed-point-iterations": 30}
+    with pytest.warns(FixedPointWarning, match="did not converge"):
+        list(iterate_in_process(build_experiment(parse_run_config(keys))))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FixedPointWarning)
+        list(iterate_in_process(build_experiment(parse_run_config(
+            {**keys, "local-damping": 0.5, "fixed-point-iterations": 60}))))
