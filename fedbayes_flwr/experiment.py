@@ -184,7 +184,7 @@ class Recorder:
         if c.optimise_prior:
             final["learned_prior_scale"] = self.history[-1]["prior_scale"]
         result = {"algorithm": c.algorithm, "model": c.model,
-                  "dataset": ds_name(self.exp), "num_clients": self.exp.num_clients,
+                  "dataset": self.exp.dataset.name, "num_clients": self.exp.num_clients,
                   "seed": c.seed, "engine": self.engine, "run_config": c.to_run_config(),
                   "history": self.history, "final": final, "posterior_file": posterior_file}
         _atomic_json(os.path.join(self.output_dir, "result.json"), result)
@@ -194,16 +194,12 @@ class Recorder:
         from .plots import plot_history, plot_reliability
 
         self._progress.close()
-        title = f"{self.exp.config.algorithm} / {self.exp.config.model} / {ds_name(self.exp)}"
+        title = f"{self.exp.config.algorithm} / {self.exp.config.model} / {self.exp.dataset.name}"
         plot_history(self.history, os.path.join(self.output_dir, "metrics.png"), title)
         if self._diagram is not None:
             plot_reliability(self._diagram, os.path.join(self.output_dir, "reliability.png"),
                              title)
         return self.history[-1]
-
-
-def ds_name(exp: Experiment) -> str:
-    return exp.dataset.name
 
 
 def _atomic_json(path: str, obj) -> None:
