@@ -26,7 +26,7 @@ from .models import Model, Prediction
 PREDICTIVE_SAMPLES = 100
 PREDICTIVE_SEED = np.array([20240, 7], dtype=np.int32)
 INIT_SEED = 12345
-INIT_STD = 1e-3
+INIT_STD = 0.05  # Blundell et al. (2015) start at softplus(-3) ~ 0.05
 
 
 def parse_hidden(text: str) -> tuple[int, ...]:
@@ -83,17 +83,20 @@ class BNN(Model):
         term, so while ``q`` still has a zero mean (nothing learnt yet) the optimiser starts from a
         He-initialised mean drawn from a FIXED seed, the same on every client (so that all clients
         start in the same basin of the permutation-symmetric posterior), and standard deviations
-        are capped at ``INIT_STD``. Only the start changes; the objective is untouched.
+        are capped at ``INIT_STD``. Once ``q`` has a non-zero mean the optimiser starts from ``q``
+        itself: re-capping its standard deviations every round would hand back factors far too
+        precise for the local step budget to undo (the free energy then falls round after round).
+        Only the start changes; the objective is untouched.
         """
         mean, var = G.to_moments(q)
-        if not np.any(mean):
-            rng = np.random.default_rng(INIT_SEED)
-            sizes = self.layer_sizes(num_features)
-            parts = []
-            for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
-                parts += [rng.normal(0.0, np.sqrt(2.0 / fan_in), fan_in * fan_out), np.zeros(fan_out)]
-            mean = np.concatenate(parts)
-        return G.from_moments(mean, np.minimum(var, INIT_STD**2))
+        if np.any(mean):  # something learnt: warm-start from q itself
+            return q
+        rng = np.random.default_rng(INIT_SEED)
+        sizes = self.layer_sizes(num_features)
+        parts = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+            parts += [rng.normal(0.0, np.sqrt(2.0 / fan_in), fan_in * fan_out), np.zeros(fan_out)]
+        return G.from_moments(np.concatenate(parts), np.minimum(var, INIT_STD**2))
 
     def _draws(self, posterior) -> np.ndarray:
         if hasattr(posterior, "samples"):

@@ -54,8 +54,8 @@ class RunConfig:
     inject_fault: str = ""
     server_damping: float = 1.0
     local_optimiser: str = "adam"
-    fixed_point_iterations: int = 20
-    local_damping: float = 1.0
+    fixed_point_iterations: int = 30
+    local_damping: float = 0.5
     optimise_prior: bool = False
     client_delay: float = 0.0
     stragglers: str = ""

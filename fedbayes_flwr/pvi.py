@@ -79,8 +79,8 @@ class PVIConfig(NamedTuple):
     server_damping: float = 1.0
     cavity: str = "pvi"
     local_optimiser: str = "adam"
-    fixed_point_iterations: int = 20
-    local_damping: float = 1.0
+    fixed_point_iterations: int = 30
+    local_damping: float = 0.5
 
 
 class ServerState(NamedTuple):

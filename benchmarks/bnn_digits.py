@@ -1,0 +1,296 @@
+#!/usr/bin/env python
+"""Benchmark: Bayesian neural network on ``digits``, 10 clients, the whole PVI family.
+
+A mean-field BNN classifier (``bnn-classifier``, one hidden layer of 50 ReLU units, 3760
+parameters) on scikit-learn's 8x8 digits (1437 training / 360 test rows, 10 classes), split over
+10 clients two ways:
+
+* ``homogeneous``: ``partition = iid``;
+* ``pathological``: ``partition = pathological`` with ``partition-classes = 2`` (each client holds
+  exactly two digits).
+
+On each split it runs, in-process and with the same local optimiser settings (``SHARED``):
+
+* PVI synchronous (``R`` rounds x 10 clients), sequential and asynchronous (``10 R`` single-client
+  updates each; asynchronous with clients 8 and 9 as 5x stragglers), with damping per schedule
+  and split (``DAMPING``);
+* global VI (one client with the pooled data; its ``R`` rounds are warm-started repeats of the
+  local optimisation). It does not depend on the split, so it runs once and both splits share it;
+* BCM with the same prior and with the split prior (one synchronous round);
+* VCL (one sequential pass, no deletion).
+
+It records test accuracy, NLL and ECE after every server update, and checks the acceptance
+criterion: synchronous PVI on the homogeneous split ends within 1 accuracy point of global VI.
+
+Usage::
+
+    .venv/bin/python benchmarks/bnn_digits.py            # full run, ~25 min on 2 cores
+    .venv/bin/python benchmarks/bnn_digits.py --quick    # smoke test, ~2 min
+
+Results: ``benchmarks/results/bnn_digits.json`` (rewritten after every run) and
+``benchmarks/results/bnn_digits_<split>.png`` (accuracy and NLL against client updates).
+``--quick`` writes to a temporary directory instead (see ``--results-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+import numpy as np  # noqa: E402
+
+from fedbayes_flwr import bnn  # noqa: E402
+from fedbayes_flwr.config import parse_run_config  # noqa: E402
+from fedbayes_flwr.experiment import run_in_process  # noqa: E402
+from fedbayes_flwr.plots import plot_curves  # noqa: E402
+
+NAME = "bnn_digits"
+NUM_CLIENTS = 10
+ACCURACY_TOLERANCE = 0.01  # "within 1 accuracy point of global VI"
+STRAGGLERS = "8,9"
+# Local optimiser and model settings shared by every method.
+SHARED = {"dataset": "digits", "model": "bnn-classifier", "hidden-layers": "50",
+          "covariance": "auto", "num-clients": NUM_CLIENTS, "prior-scale": 1.0,
+          "local-steps": 500, "learning-rate": 0.01, "mc-samples": 10, "batch-size": 64}
+# split -> run-config keys of the split
+SPLITS = {
+    "homogeneous": {"partition": "iid"},
+    "pathological": {"partition": "pathological", "partition-classes": 2},
+}
+# Client-delta damping per (schedule, split). Synchronous PVI on a BNN oscillates and diverges
+# for damping >= 0.3 on the homogeneous split (tuning notes in benchmarks/README.md); Ashman et al.
+# (2022) use 0.2 there. On the pathological split they use a much smaller value for synchronous
+# PVI (0.025 over many more rounds); 0.1 still converges and moves within 10 rounds. Asynchronous
+# replies are computed from stale posteriors like synchronous ones, so asynchronous PVI uses the
+# synchronous damping. Sequential PVI uses 0.3 (the paper's inhomogeneous value) on both splits.
+DAMPING = {
+    ("synchronous", "homogeneous"): 0.2, ("synchronous", "pathological"): 0.1,
+    ("asynchronous", "homogeneous"): 0.2, ("asynchronous", "pathological"): 0.1,
+    ("sequential", "homogeneous"): 0.3, ("sequential", "pathological"): 0.3,
+}
+# method -> (algorithm, schedule, rounds: "R" | "10R" | None (the preset decides),
+#            client updates per round)
+METHODS = {
+    "pvi-sync": ("pvi", "synchronous", "R", NUM_CLIENTS),
+    "pvi-seq": ("pvi", "sequential", "10R", 1),
+    "pvi-async": ("pvi", "asynchronous", "10R", 1),
+    "global-vi": ("global-vi", "synchronous", "R", None),
+    "bcm-same": ("bcm-same", "synchronous", None, NUM_CLIENTS),
+    "bcm-split": ("bcm-split", "synchronous", None, NUM_CLIENTS),
+    "vcl": ("vcl", "sequential", None, 1),
+}
+REFERENCE = "global-vi"
+CURVE_KEYS = ("round", "test_accuracy", "test_nll", "test_ece", "test_brier",
+              "log_marginal_likelihood", "rejected_replies", "elapsed_s", "virtual_time")
+
+
+def run_config(method: str, split: str, rounds: int, seed: int, output_dir: str,
+               shared: dict) -> dict:
+    """The kebab-case run config of one (method, split)."""
+    algorithm, schedule, mult, _ = METHODS[method]
+    cfg = {**shared, **SPLITS[split], "algorithm": algorithm, "schedule": schedule,
+           "seed": seed, "output-dir": output_dir}
+    if mult is not None:
+        cfg["num-rounds"] = rounds if mult == "R" else NUM_CLIENTS * rounds
+    if algorithm == "pvi":
+        cfg["damping"] = DAMPING[(schedule, split)]
+    if schedule == "asynchronous":
+        cfg["stragglers"] = STRAGGLERS
+    return cfg
+
+
+def curve(history: list[dict], method: str) -> list[dict]:
+    """Per-round rows reduced to the benchmark's keys, plus cumulative client updates.
+
+    Global VI has one (pooled) client; its round ``r`` is put at ``10 r`` client updates, the same
+    local-optimisation budget per round as a synchronous PVI round.
+    """
+    per_round = METHODS[method][3] or NUM_CLIENTS
+    rows = []
+    for h in history:
+        row = {k: h.get(k) for k in CURVE_KEYS if k in h}
+        row["client_updates"] = h["round"] * per_round
+        rows.append(row)
+    return rows
+
+
+def health(rows: list[dict]) -> dict:
+    nll = [r["test_nll"] for r in rows]
+    finite = all(v is not None and math.isfinite(v) for v in nll)
+    acc = [r["test_accuracy"] for r in rows]
+    return {"rejected_replies": int(sum(r.get("rejected_replies") or 0 for r in rows)),
+            "all_finite": finite,
+            "best_test_accuracy": max(acc), "best_test_nll": min(nll) if finite else None}
+
+
+class Results:
+    """The JSON document, rewritten atomically after every run."""
+
+    def __init__(self, path: str, meta: dict):
+        self.path = path
+        self.doc = {**meta, "runs": {}, "final": {}, "acceptance": None}
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.doc, f, indent=2, default=_json_default)
+        os.replace(tmp, self.path)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def run_method(method: str, split: str, args, results: Results) -> dict:
+    if METHODS[method][0] == "global-vi":  # pooled data: independent of the split
+        for other, runs in results.doc["runs"].items():
+            if other != split and method in runs:
+                return {**runs[method], "reused_from_split": other}
+    out = os.path.join(args.work_dir, split, method)
+    cfg = run_config(method, split, args.rounds, args.seed, out, args.shared)
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    result = run_in_process(parse_run_config(cfg), progress=False)
+    wall = time.perf_counter() - t0
+    rows = curve(result["history"], method)
+    return {"run_config": result["run_config"], "wall_s": round(wall, 2),
+            "load_avg_1min_before": round(load, 2), "output_dir": out,
+            "health": health(rows), "curve": rows}
+
+
+def final_row(run: dict) -> dict:
+    last = run["curve"][-1]
+    return {"test_accuracy": last["test_accuracy"], "test_nll": last["test_nll"],
+            "test_ece": last["test_ece"], "rounds": last["round"],
+            "client_updates": last["client_updates"],
+            "log_marginal_likelihood": last.get("log_marginal_likelihood"),
+            "rejected_replies": run["health"]["rejected_replies"], "wall_s": run["wall_s"]}
+
+
+def plot_split(split: str, runs: dict, results_dir: str) -> None:
+    ref = runs.get(REFERENCE)
+    for key, label, fname in (("test_accuracy", "test accuracy", "accuracy"),
+                              ("test_nll", "test NLL", "nll")):
+        curves = {m: [(r["client_updates"], r[key]) for r in run["curve"]]
+                  for m, run in runs.items()}
+        if REFERENCE in curves:
+            curves[f"{REFERENCE} (round r at 10 r)"] = curves.pop(REFERENCE)
+        hline = (f"{REFERENCE} final", ref["curve"][-1][key]) if ref else None
+        title = f"BNN on digits, {NUM_CLIENTS} clients, {split} split"
+        path = os.path.join(results_dir, f"{NAME}_{split}.png" if fname == "accuracy"
+                            else f"{NAME}_{split}_nll.png")
+        plot_curves(curves, path, xlabel="client updates", ylabel=label, title=title,
+                    hline=hline)
+
+
+def combine_png(paths: list[str], out: str) -> None:
+    """Stack the accuracy and NLL figures side by side into ``out`` (the split's figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+
+    images = [mpimg.imread(p) for p in paths]
+    fig, axes = plt.subplots(1, len(images), figsize=(6 * len(images), 4))
+    for ax, img in zip(axes, images, strict=True):
+        ax.imshow(img)
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 2 rounds, 100 local steps, results in a temp dir")
+    p.add_argument("--rounds", type=int, default=None, help="R (default 10; 2 with --quick)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--splits", nargs="+", choices=list(SPLITS), default=list(SPLITS))
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    p.add_argument("--results-dir", default=None)
+    p.add_argument("--work-dir", default=None, help="run outputs (default: a temp dir)")
+    args = p.parse_args(argv)
+    args.rounds = args.rounds or (2 if args.quick else 10)
+    args.shared = dict(SHARED)
+    if args.quick:
+        args.shared["local-steps"] = 100
+    args.work_dir = args.work_dir or tempfile.mkdtemp(prefix=f"{NAME}-")
+    if args.results_dir is None:
+        args.results_dir = (os.path.join(args.work_dir, "results") if args.quick else
+                            os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    os.makedirs(args.results_dir, exist_ok=True)
+
+    meta = {"benchmark": NAME, "quick": args.quick, "rounds_R": args.rounds, "seed": args.seed,
+            "num_clients": NUM_CLIENTS, "shared_settings": args.shared, "splits": SPLITS,
+            "damping": {f"{s}/{sp}": d for (s, sp), d in DAMPING.items()},
+            "stragglers": {"partition_ids": STRAGGLERS, "factor": 5.0},
+            "bnn_init_std": bnn.INIT_STD,
+            "methods": {m: {"algorithm": a, "schedule": s,
+                            "rounds": {"R": args.rounds, "10R": NUM_CLIENTS * args.rounds,
+                                       None: "preset"}[mult],
+                            "client_updates_per_round": u or "1 (pooled data)"}
+                        for m, (a, s, mult, u) in METHODS.items()},
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                        "python": sys.version.split()[0]},
+            "x_axis": "client updates: PVI sync / BCM 10 per round, PVI seq / async / VCL 1 per "
+                      "round; global VI round r is placed at 10 r"}
+    results = Results(os.path.join(args.results_dir, f"{NAME}.json"), meta)
+    print(f"results: {results.path}", flush=True)
+
+    for split in args.splits:
+        runs = results.doc["runs"].setdefault(split, {})
+        for method in args.methods:
+            runs[method] = run_method(method, split, args, results)
+            results.doc["final"].setdefault(split, {})[method] = final_row(runs[method])
+            results.write()
+            f = results.doc["final"][split][method]
+            note = (f"(reused from {runs[method]['reused_from_split']})"
+                    if "reused_from_split" in runs[method] else f"wall={f['wall_s']:.1f}s")
+            print(f"[{split:>12}] {method:<10} updates={f['client_updates']:>3} "
+                  f"acc={f['test_accuracy']:.4f} nll={f['test_nll']:.4f} "
+                  f"ece={f['test_ece']:.4f} rejected={f['rejected_replies']} {note}",
+                  flush=True)
+        acc_png = os.path.join(args.results_dir, f"{NAME}_{split}.png")
+        nll_png = os.path.join(args.results_dir, f"{NAME}_{split}_nll.png")
+        plot_split(split, runs, args.results_dir)
+        combine_png([acc_png, nll_png], acc_png)
+        os.remove(nll_png)
+
+    finals = results.doc["final"]
+    if "homogeneous" in finals and {"pvi-sync", REFERENCE} <= set(finals["homogeneous"]):
+        sync = finals["homogeneous"]["pvi-sync"]["test_accuracy"]
+        ref = finals["homogeneous"][REFERENCE]["test_accuracy"]
+        results.doc["acceptance"] = {
+            "criterion": "PVI sync on the homogeneous split ends within 1 accuracy point of "
+                         "global VI",
+            "pvi_sync_test_accuracy": sync, "global_vi_test_accuracy": ref,
+            "gap_points": 100.0 * (ref - sync), "passed": sync >= ref - ACCURACY_TOLERANCE - 1e-12}
+        results.write()
+        a = results.doc["acceptance"]
+        print(f"acceptance: pvi-sync {sync:.4f} vs global VI {ref:.4f} "
+              f"(gap {a['gap_points']:+.2f} points) -> {'PASS' if a['passed'] else 'FAIL'}",
+              flush=True)
+    print("\nfinal (acc / NLL / ECE):")
+    for split, rows in finals.items():
+        for method, f in rows.items():
+            print(f"  {split:<12} {method:<10} {f['test_accuracy']:.4f} {f['test_nll']:.4f} "
+                  f"{f['test_ece']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
