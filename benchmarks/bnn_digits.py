@@ -24,8 +24,8 @@ criterion: synchronous PVI on the homogeneous split ends within 1 accuracy point
 
 Usage::
 
-    .venv/bin/python benchmarks/bnn_digits.py            # full run, ~25 min on 2 cores
-    .venv/bin/python benchmarks/bnn_digits.py --quick    # smoke test, ~2 min
+    .venv/bin/python benchmarks/bnn_digits.py            # full run, ~11 min on 2 cores
+    .venv/bin/python benchmarks/bnn_digits.py --quick    # smoke test, ~1 min
 
 Results: ``benchmarks/results/bnn_digits.json`` (rewritten after every run) and
 ``benchmarks/results/bnn_digits_<split>.png`` (accuracy and NLL against client updates).
