@@ -35,7 +35,6 @@ Results: ``benchmarks/results/bnn_digits.json`` (rewritten after every run) and
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -46,11 +45,10 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-import numpy as np  # noqa: E402
 
 from fedbayes_flwr import bnn  # noqa: E402
 from fedbayes_flwr.config import parse_run_config  # noqa: E402
-from fedbayes_flwr.experiment import run_in_process  # noqa: E402
+from fedbayes_flwr.experiment import run_in_process, write_json  # noqa: E402
 from fedbayes_flwr.plots import plot_curves  # noqa: E402
 
 NAME = "bnn_digits"
@@ -141,16 +139,7 @@ class Results:
         self.write()
 
     def write(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.doc, f, indent=2, default=_json_default)
-        os.replace(tmp, self.path)
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(f"not JSON serialisable: {type(o)}")
+        write_json(self.path, self.doc)
 
 
 def run_method(method: str, split: str, args, results: Results) -> dict:

@@ -47,7 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from fedbayes_flwr.config import parse_run_config  # noqa: E402
-from fedbayes_flwr.experiment import run_in_process  # noqa: E402
+from fedbayes_flwr.experiment import run_in_process, write_json  # noqa: E402
 from fedbayes_flwr.plots import plot_curves  # noqa: E402
 
 NAME = "pvi_vs_global_vi"
@@ -142,16 +142,7 @@ class Results:
         self.write()
 
     def write(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.doc, f, indent=2, default=_json_default)
-        os.replace(tmp, self.path)
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(f"not JSON serialisable: {type(o)}")
+        write_json(self.path, self.doc)
 
 
 def run_method(method: str, partition: str, args, results: Results) -> dict:

@@ -187,7 +187,7 @@ class Recorder:
                   "dataset": self.exp.dataset.name, "num_clients": self.exp.num_clients,
                   "seed": c.seed, "engine": self.engine, "run_config": c.to_run_config(),
                   "history": self.history, "final": final, "posterior_file": posterior_file}
-        _atomic_json(os.path.join(self.output_dir, "result.json"), result)
+        write_json(os.path.join(self.output_dir, "result.json"), result)
 
     def finish(self) -> dict:
         """Write the plots and close the progress display; return the last round's row."""
@@ -202,7 +202,9 @@ class Recorder:
         return self.history[-1]
 
 
-def _atomic_json(path: str, obj) -> None:
+def write_json(path: str, obj) -> None:
+    """Write ``obj`` as JSON atomically (temp file + rename: a crash never leaves half a file);
+    numpy scalars become Python numbers. Used for result.json and the benchmarks' JSON."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, default=_json_default)
