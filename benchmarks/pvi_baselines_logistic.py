@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -308,16 +307,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "<work-dir>/results)")
     parser.add_argument("--work-dir", default=None,
                         help="run output directories (default: a folder in the temp dir)")
-    args = parser.parse_args(argv)
-    suffix = "_quick" if args.quick else ""
-    args.work_dir = os.path.abspath(
-        args.work_dir or os.path.join(tempfile.gettempdir(), f"fedbayes_{NAME}{suffix}"))
-    if args.results_dir is None:
-        args.results_dir = (os.path.join(args.work_dir, "results") if args.quick
-                            else os.path.join(ROOT, "benchmarks", "results"))
-    args.results_dir = os.path.abspath(args.results_dir)
-    if args.rounds is None:
-        args.rounds = 2 if args.quick else 10
+    args = base.resolve_common_args(parser.parse_args(argv), NAME)
     if args.partitions is None:
         args.partitions = [ACCEPTANCE_PARTITION] if args.quick else list(PARTITIONS)
     return args

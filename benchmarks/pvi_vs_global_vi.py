@@ -362,6 +362,21 @@ def run_timing(args, results: Results) -> None:
                 title=f"sync PVI, {partition}: Flower simulation vs in-process")
 
 
+def resolve_common_args(args, name: str):
+    """Fill the defaults shared by the benchmarks: work dir (temp), results dir (benchmarks/results,
+    or under the work dir with --quick) and rounds (10, quick 2)."""
+    suffix = "_quick" if args.quick else ""
+    args.work_dir = os.path.abspath(
+        args.work_dir or os.path.join(tempfile.gettempdir(), f"fedbayes_{name}{suffix}"))
+    if args.results_dir is None:
+        args.results_dir = (os.path.join(args.work_dir, "results") if args.quick
+                            else os.path.join(ROOT, "benchmarks", "results"))
+    args.results_dir = os.path.abspath(args.results_dir)
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 10
+    return args
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -383,16 +398,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="run output directories (default: a folder in the temp dir)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds allowed for each run_simulation.py process")
-    args = parser.parse_args(argv)
-    suffix = "_quick" if args.quick else ""
-    args.work_dir = os.path.abspath(
-        args.work_dir or os.path.join(tempfile.gettempdir(), f"fedbayes_{NAME}{suffix}"))
-    if args.results_dir is None:
-        args.results_dir = (os.path.join(args.work_dir, "results") if args.quick
-                            else os.path.join(ROOT, "benchmarks", "results"))
-    args.results_dir = os.path.abspath(args.results_dir)
-    if args.rounds is None:
-        args.rounds = 2 if args.quick else 10
+    args = resolve_common_args(parser.parse_args(argv), NAME)
     if args.timing_repeats is None:
         args.timing_repeats = 1 if args.quick else 2
     if args.partitions is None:
