@@ -148,15 +148,6 @@ def scale(a: NaturalGaussian, rho: float) -> NaturalGaussian:
     return NaturalGaussian(rho * a.eta1, rho * a.eta2)
 
 
-def total(factors) -> NaturalGaussian:
-    """Product of an iterable of factors."""
-    factors = list(factors)
-    out = factors[0]
-    for f in factors[1:]:
-        out = add(out, f)
-    return out
-
-
 def to_diag(nat: NaturalGaussian) -> NaturalGaussian:
     """Mean-field projection ``argmin_{q diagonal} KL(q || p)`` of a proper Gaussian ``p``.
 

@@ -70,7 +70,6 @@ class PVIStrategy(Strategy):
         self._bytes = [0, 0]
         self._rejected: list[pvi.Rejection] = []
         self._accepted: tuple[int, ...] = ()
-        self._lml: float | None = None
         self._prior_scale: float | None = None
         self.optimise_prior = optimise_prior
         self.round_logs: dict[int, RoundLog] = {}
@@ -162,12 +161,12 @@ class PVIStrategy(Strategy):
         template = pvi.EvalReply(np.zeros(1, np.float64))
         terms = list(self._decode_replies(replies, pvi.KIND_TERM, template, range(self.num_clients)))
         missing = [t for _, t in terms if isinstance(t, pvi.Rejection)]
-        self._lml = (None if missing else
-                     pvi.log_marginal_likelihood(self.state, [float(t.term[0]) for _, t in terms]))
-        self.round_logs[server_round] = RoundLog(self._lml, self._bytes[0], self._bytes[1],
+        lml = (None if missing else
+               pvi.log_marginal_likelihood(self.state, [float(t.term[0]) for _, t in terms]))
+        self.round_logs[server_round] = RoundLog(lml, self._bytes[0], self._bytes[1],
                                                  tuple(self._rejected), self._accepted,
                                                  self._prior_scale)
-        return MetricRecord({} if self._lml is None else {"log-marginal-likelihood": self._lml})
+        return MetricRecord({} if lml is None else {"log-marginal-likelihood": lml})
 
     def summary(self) -> None:
         log(INFO, "\t├── PVI: %d clients, schedule %s, damping %s, seed %s", self.num_clients,

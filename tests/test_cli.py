@@ -58,7 +58,7 @@ def test_bad_input_through_the_real_process(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("error: model: unknown model 'nope'")
 
 
-def test_in_process_run_writes_results(tmp_path, capsys):
+def test_in_process_run_writes_results(tmp_path):
     out = tmp_path / "run"
     code = run_simulation.main(["--engine", "in-process", "--model", "linear-regression",
                                 "--dataset", "diabetes", "--num-clients", "4", "--num-rounds", "3",
