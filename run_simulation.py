@@ -7,7 +7,8 @@ Example::
         --num-clients 10 --partition dirichlet --partition-alpha 0.5 --num-rounds 10 --seed 0 \\
         --output-dir runs/demo --run-config "damping=0.5 schedule='sequential'"
 
-Bad input exits with status 2 and one line on stderr saying what is wrong.
+Bad input exits with status 2 and one line on stderr saying what is wrong. Algorithm keys take
+their section (``pvi.damping=0.5``) or, for the chosen algorithm, the bare key (``damping=0.5``).
 """
 
 from __future__ import annotations
@@ -57,14 +58,21 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, dict]:
         if value is not None:
             overrides[flag] = value
     if args.optimise_prior:
-        overrides["optimise-prior"] = True
+        overrides["optimise-prior"] = True  # resolves to the algorithm's section (pvi.*)
     for key in ("data", "output-dir"):  # Ray workers do not share our working directory
         if overrides.get(key):
             overrides[key] = os.path.abspath(overrides[key])
     return args, overrides
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
+
+
 def main(argv=None) -> int:
+    import warnings
+
+    warnings.formatwarning = _one_line_warning  # e.g. the rows held out of a file without x_test
     args, overrides = parse_args(argv)
     from fedbayes_flwr.config import ConfigError, parse_run_config
     from fedbayes_flwr.data import DataError
@@ -80,7 +88,7 @@ def main(argv=None) -> int:
         return 2
 
     if args.engine == "in-process":
-        from fedbayes_flwr.experiment import run_in_process
+        from fedbayes_flwr.engine import run_in_process
 
         run_in_process(config, progress=not args.quiet)
     else:
@@ -92,9 +100,12 @@ def main(argv=None) -> int:
         return 1
     with open(result_file) as f:
         result = json.load(f)
-    if len(result["history"]) != config.num_rounds:
-        print(f"error: the run stopped after {len(result['history'])} of {config.num_rounds} "
-              f"rounds (finished rounds are in {result_file})", file=sys.stderr)
+    outcome = result.get("outcome")
+    if outcome not in ("completed", "done", "time-limit"):
+        last = result["history"][-1]["round"] if result["history"] else 0
+        why = result.get("reason", "see the log above")
+        print(f"error: the run ended '{outcome}' after update {last} of {config.num_rounds}: "
+              f"{why} (finished rows are in {result_file})", file=sys.stderr)
         return 1
     final = {k: v for k, v in result["final"].items() if isinstance(v, float)}
     print(json.dumps({"output_dir": config.output_dir, "final": final}, indent=2))

@@ -1,6 +1,6 @@
-"""Flower client glue: message handlers that call the library. No maths here."""
+"""Flower client glue: the generic handler and the ClientApp. No maths here."""
 
-from .client_app import app, make_client_app
-from .pvi import pvi_evaluate_handler, pvi_train_handler
+from .client_app import BundleClientApp, app, make_client_app
+from .handler import handle
 
-__all__ = ["app", "make_client_app", "pvi_evaluate_handler", "pvi_train_handler"]
+__all__ = ["BundleClientApp", "app", "handle", "make_client_app"]

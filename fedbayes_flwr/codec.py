@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from .validation import check_message
+
 SCHEMA_VERSION = 1
 _ARRAYS, _CONFIG = "arrays", "config"
 
@@ -70,13 +72,7 @@ def _rebuild(template, prefix: str, arrays, config):
                 got = arrays[key].numpy()
             except Exception as err:  # malformed bytes: name the field, keep the cause
                 raise CodecError(key, f"undecodable array ({err})") from err
-            if got.dtype != expected.dtype:
-                raise CodecError(key, f"dtype {got.dtype}, expected {expected.dtype}")
-            if got.shape != expected.shape:
-                raise CodecError(key, f"shape {got.shape}, expected {expected.shape}")
-            if got.dtype.kind == "f" and not np.all(np.isfinite(got)):
-                raise CodecError(key, "non-finite values")
-            values.append(got)
+            values.append(got)  # shape, dtype, finiteness: validation.check_message
         else:
             if key not in config:
                 raise CodecError(key, "missing config value")
@@ -84,8 +80,6 @@ def _rebuild(template, prefix: str, arrays, config):
             if not _same_scalar_type(expected, got):
                 raise CodecError(key, f"type {type(got).__name__}, expected "
                                       f"{type(expected).__name__}")
-            if isinstance(got, float) and not np.isfinite(got):
-                raise CodecError(key, "non-finite value")
             values.append(type(expected)(got))
     return type(template)(*values)
 
@@ -98,8 +92,12 @@ def _same_scalar_type(expected, got) -> bool:
     return isinstance(got, type(expected))
 
 
-def decode(content: RecordDict, kind: str, template):
+def decode(content: RecordDict, kind: str, template, allow_inf: frozenset | tuple = ()):
     """Rebuild a message of ``type(template)`` from ``content``, validating every field.
+
+    Presence and scalar types are checked here; shape, dtype and finiteness by the library's
+    pure :func:`fedbayes_flwr.validation.check_message` (the in-process engine runs the same
+    check), with infinities allowed in the ``allow_inf`` fields.
 
     Raises
     ------
@@ -114,9 +112,13 @@ def decode(content: RecordDict, kind: str, template):
     if version != SCHEMA_VERSION:
         raise CodecError("schema-version", f"got {version!r}, expected {SCHEMA_VERSION}")
     try:
-        return _rebuild(template, kind, arrays, config)
+        message = _rebuild(template, kind, arrays, config)
     except CodecError as err:  # name the field relative to the message (delta.eta1)
         raise CodecError(err.field.removeprefix(f"{kind}."), err.reason) from None
+    problem = check_message(template, message, allow_inf)
+    if problem is not None:
+        raise CodecError(*problem)
+    return message
 
 
 def received_nbytes(content: RecordDict) -> int:

@@ -12,7 +12,8 @@ import zlib
 import numpy as np
 
 
-def derive_seed(run_seed: int, algorithm: str, server_round: int, partition_id: int) -> np.ndarray:
+def derive_seed(run_seed: int, algorithm: str, server_round: int, partition_id: int,
+                attempt: int = 0) -> np.ndarray:
     """Return the ``int32[2]`` seed of one client's work in one round.
 
     Parameters
@@ -25,6 +26,9 @@ def derive_seed(run_seed: int, algorithm: str, server_round: int, partition_id: 
         The round (1-based; 0 for set-up).
     partition_id : int
         The client's partition id, or -1 for the server.
+    attempt : int
+        0 for a first attempt; a retried request (or the k-th exchange of one update) passes
+        ``k`` and draws fresh numbers. 0 leaves the entropy (and every existing seed) unchanged.
 
     Returns
     -------
@@ -34,6 +38,8 @@ def derive_seed(run_seed: int, algorithm: str, server_round: int, partition_id: 
     if run_seed < 0:
         raise ValueError(f"seed must be >= 0, got {run_seed}")
     entropy = [int(run_seed), zlib.crc32(algorithm.encode()), int(server_round), int(partition_id) + 1]
+    if attempt:
+        entropy.append(int(attempt))
     state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
     return state.view(np.int32).copy()
 

@@ -182,21 +182,30 @@ def expected_ll_grad(seed, model, x, y, q: NaturalGaussian, mc_samples: int = 10
     m1, m2 = tf.constant(m1_np), tf.constant(m2_np)
     x_t = tf.constant(x, tf.float64)
     y_t = tf.zeros([x.shape[0]], tf.float64) if y is None else tf.constant(y, tf.float64)
+    if hasattr(model, "expected_log_likelihood_tf"):
+        g1, g2 = (g.numpy() for g in _expected_ll_mean_grad(model, m1, m2, x_t, y_t))
+        return g1, g2 if q.is_diag else 0.5 * (g2 + g2.T)
     with tf.GradientTape() as tape:
         tape.watch([m1, m2])
-        if hasattr(model, "expected_log_likelihood_tf"):
-            value = model.expected_log_likelihood_tf(m1, m2, x_t, y_t)
+        eps = tf.random.stateless_normal([mc_samples, q.dim], seed=tf.constant(seed, tf.int32),
+                                         dtype=tf.float64)
+        if q.is_diag:
+            theta = m1[None, :] + eps * tf.sqrt(m2 - m1**2)[None, :]
         else:
-            eps = tf.random.stateless_normal([mc_samples, q.dim], seed=tf.constant(seed, tf.int32),
-                                             dtype=tf.float64)
-            if q.is_diag:
-                theta = m1[None, :] + eps * tf.sqrt(m2 - m1**2)[None, :]
-            else:
-                chol = tf.linalg.cholesky(m2 - m1[:, None] * m1[None, :])
-                theta = m1[None, :] + tf.linalg.matmul(eps, chol, transpose_b=True)
-            value = tf.reduce_mean(model.log_likelihood_tf(theta, x_t, y_t))
+            chol = tf.linalg.cholesky(m2 - m1[:, None] * m1[None, :])
+            theta = m1[None, :] + tf.linalg.matmul(eps, chol, transpose_b=True)
+        value = tf.reduce_mean(model.log_likelihood_tf(theta, x_t, y_t))
     g1, g2 = (g.numpy() for g in tape.gradient(value, [m1, m2]))
     return g1, g2 if q.is_diag else 0.5 * (g2 + g2.T)
+
+
+@tf.function(reduce_retracing=True)
+def _expected_ll_mean_grad(model, m1, m2, x, y):
+    """Compiled gradient of the model's deterministic ``E_q[log p(y | theta)]`` w.r.t. ``(m1, m2)``."""
+    with tf.GradientTape() as tape:
+        tape.watch([m1, m2])
+        value = model.expected_log_likelihood_tf(m1, m2, x, y)
+    return tape.gradient(value, [m1, m2])
 
 
 def natural_gradient_step(seed, model, x, y, cavity: NaturalGaussian, q: NaturalGaussian,
@@ -215,7 +224,11 @@ def natural_gradient_step(seed, model, x, y, cavity: NaturalGaussian, q: Natural
     natural-gradient ascent); Khan & Lin (2017), conjugate-computation VI.
     """
     g1, g2 = expected_ll_grad(seed, model, x, y, q, mc_samples)
-    target = NaturalGaussian(cavity.eta1 + g1, cavity.eta2 + g2)
+    return _damped_update(q, NaturalGaussian(cavity.eta1 + g1, cavity.eta2 + g2), step)
+
+
+def _damped_update(q: NaturalGaussian, target: NaturalGaussian, step: float) -> NaturalGaussian:
+    """``(1 - step) q + step target`` in natural parameters, halving ``step`` until it is proper."""
     for _ in range(30):
         new = G.add(G.scale(q, 1.0 - step), G.scale(target, step))
         if G.is_proper(new):
@@ -247,3 +260,300 @@ def fit_fixed_point(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGau
 
 class FixedPointWarning(RuntimeWarning):
     """Fixed-point local iterations ended without converging."""
+
+
+# --- deterministic local solver: fixed-point iterations with an L-BFGS fallback ------------------
+
+_STALL_PATIENCE = 5
+_LBFGS_PASSES = 3
+_NEWTON_STEPS = 3
+
+
+class LocalSolverError(RuntimeError):
+    """:func:`solve_local` could not reach a stationary point of the local free energy."""
+
+
+class LocalSolveInfo(NamedTuple):
+    """How :func:`solve_local_with_info` reached its answer.
+
+    Attributes
+    ----------
+    fixed_point_iterations : int
+        Damped fixed-point updates made before stopping.
+    fallback : bool
+        Whether the fixed-point phase stopped unconverged and L-BFGS finished the solve.
+    lbfgs_iterations : int
+        L-BFGS iterations over all passes (0 without the fallback).
+    newton_steps : int
+        Newton steps that polished the L-BFGS result (0 without the fallback).
+    residual : float
+        Stationarity residual of the returned ``q`` (see :func:`solve_local`).
+    """
+
+    fixed_point_iterations: int
+    fallback: bool
+    lbfgs_iterations: int
+    newton_steps: int
+    residual: float
+
+
+def _whitened_loss(model, z, mean0, scale0, x, y, eta1, eta2, tril_idx, diag):
+    """``-F(q)`` (up to a constant) in coordinates ``z`` whitened at a reference ``q0``.
+
+    Mean-field: ``mu = m0 + s0 * u``, ``s = s0 * exp(v)``. Full: ``mu = m0 + L0 u``, ``L = L0 B`` with
+    ``B`` lower triangular with a log-parameterised diagonal. ``z = 0`` is ``q0`` itself.
+    """
+    d = tf.shape(mean0)[0]
+    if diag:  # a Python bool: resolved when traced
+        mu = mean0 + scale0 * z[:d]
+        scale = scale0 * tf.exp(z[d:])
+        second = scale**2 + mu**2
+        entropy = tf.reduce_sum(z[d:])
+    else:
+        mu = mean0 + tf.linalg.matvec(scale0, z[:d])
+        b = tf.scatter_nd(tril_idx, z[d:], tf.stack([d, d]))
+        log_diag = tf.linalg.diag_part(b)
+        scale = tf.linalg.matmul(scale0, tf.linalg.set_diag(b, tf.exp(log_diag)))
+        second = tf.linalg.matmul(scale, scale, transpose_b=True) + mu[:, None] * mu[None, :]
+        entropy = tf.reduce_sum(log_diag)
+    return -(model.expected_log_likelihood_tf(mu, second, x, y) + tf.reduce_sum(eta1 * mu)
+             + tf.reduce_sum(eta2 * second) + entropy)
+
+
+@tf.function(reduce_retracing=True)
+def _whitened_value_and_grad(model, z, *args):
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        loss = _whitened_loss(model, z, *args)
+    return loss, tape.gradient(loss, z)
+
+
+@tf.function(reduce_retracing=True)
+def _whitened_grad_and_hessian(model, z, *args):
+    with tf.GradientTape() as outer:
+        outer.watch(z)
+        with tf.GradientTape() as inner:
+            inner.watch(z)
+            loss = _whitened_loss(model, z, *args)
+        grad = inner.gradient(loss, z)
+    return grad, outer.jacobian(grad, z)
+
+
+class _LocalProblem:
+    """The local free energy of one client in whitened coordinates around a reference ``q0``."""
+
+    def __init__(self, model, x, y, cavity: NaturalGaussian, diag: bool):
+        self.model, self.diag, self.dim = model, diag, cavity.dim
+        self.x = tf.constant(x, tf.float64)
+        self.y = tf.zeros([x.shape[0]], tf.float64) if y is None else tf.constant(y, tf.float64)
+        self.eta1, self.eta2 = tf.constant(cavity.eta1), tf.constant(cavity.eta2)
+        rows, cols = np.tril_indices(self.dim)
+        self.tril = np.stack([rows, cols], axis=1).astype(np.int32)
+        self.tril_idx = tf.constant(self.tril if not diag else np.zeros((0, 2), np.int32))
+        self.size = 2 * self.dim if diag else self.dim + rows.size
+
+    def frame(self, q: NaturalGaussian) -> tuple[np.ndarray, np.ndarray]:
+        mean, cov = G.to_moments(q)
+        return mean, np.sqrt(cov) if self.diag else np.linalg.cholesky(cov)
+
+    def _args(self, z: np.ndarray, frame) -> tuple:
+        return (self.model, tf.constant(z, tf.float64), tf.constant(frame[0]), tf.constant(frame[1]),
+                self.x, self.y, self.eta1, self.eta2, self.tril_idx, self.diag)
+
+    def value_and_grad(self, z: np.ndarray, frame) -> tuple[float, np.ndarray]:
+        loss, grad = _whitened_value_and_grad(*self._args(z, frame))
+        return float(loss), grad.numpy()
+
+    def newton(self, q: NaturalGaussian) -> NaturalGaussian | None:
+        """One Newton step on the stationarity condition from ``q`` (``None`` if not a descent)."""
+        frame = self.frame(q)
+        grad, hess = (t.numpy() for t in _whitened_grad_and_hessian(*self._args(np.zeros(self.size),
+                                                                                  frame)))
+        try:
+            chol = np.linalg.cholesky(0.5 * (hess + hess.T))
+        except np.linalg.LinAlgError:
+            return None
+        delta = -np.linalg.solve(chol.T, np.linalg.solve(chol, grad))
+        new = self.to_natural(delta, frame) if np.all(np.isfinite(delta)) else None
+        return new if new is not None and G.is_proper(new) else None
+
+    def residual(self, q: NaturalGaussian) -> float:
+        return float(np.max(np.abs(self.value_and_grad(np.zeros(self.size), self.frame(q))[1])))
+
+    def to_natural(self, z: np.ndarray, frame) -> NaturalGaussian:
+        mean0, scale0 = frame
+        d = self.dim
+        if self.diag:
+            return G.from_moments(mean0 + scale0 * z[:d], (scale0 * np.exp(z[d:]))**2)
+        b = np.zeros((d, d))
+        b[self.tril[:, 0], self.tril[:, 1]] = z[d:]
+        b[np.diag_indices(d)] = np.exp(np.diag(b))
+        chol = scale0 @ b
+        return G.from_moments(mean0 + scale0 @ z[:d], chol @ chol.T)
+
+
+def _fixed_point_hopeless(history: list[float], tol: float, iterations: int) -> bool:
+    """Whether fixed-point iterations with these residuals will not reach ``tol`` in budget.
+
+    True when the last :data:`_STALL_PATIENCE` updates brought no new smallest residual (cycling
+    or divergence), or when the average contraction over them, extrapolated linearly, needs
+    more updates than are left.
+    """
+    k = _STALL_PATIENCE
+    if len(history) <= k:
+        return False
+    if min(history[-k:]) >= min(history[:-k]):
+        return True
+    rate = (history[-1] / history[-1 - k]) ** (1.0 / k)
+    if rate >= 1.0:
+        return True
+    return np.log(tol / history[-1]) / np.log(rate) > iterations + 1 - len(history)
+
+
+def solve_local(model, x, y, cavity: NaturalGaussian, init: NaturalGaussian, *,
+                iterations: int = 50, step: float = 0.5, tol: float = 1e-8,
+                diag: bool | None = None) -> NaturalGaussian:
+    """Maximise the local free energy deterministically: fixed-point iterations, L-BFGS fallback.
+
+    Finds the stationary point of PVI's local free energy (Ashman et al. 2022, eq. 2)
+
+    ``F(q) = E_q[log p(y | theta)] + eta_cav1 . E[theta] + sum(eta_cav2 * E[theta theta^T]) + H(q)``
+
+    (``-KL(q || q_cav)`` up to the cavity's log normaliser, so the cavity may be improper) for a
+    model with a deterministic ``expected_log_likelihood_tf`` (conjugate models; Gauss-Hermite
+    logistic regression). First the damped fixed-point update of :func:`natural_gradient_step`
+    ``eta <- (1 - step) eta + step (eta_cav + dE_q[log p] / dmu)`` runs from ``init``. These can
+    cycle when ``step`` is too large for the problem, so they stop early once the residual has
+    not reached a new minimum for 5 updates, or after ``iterations`` updates; the solve then
+    falls back to L-BFGS (``scipy.optimize.minimize(method="L-BFGS-B")``) on ``-F`` over the
+    mean and log standard deviations (mean-field) or the mean and a Cholesky factor with
+    log-diagonal (full covariance), started from the fixed-point iterate with the smallest
+    residual, with value and gradient from the same quadrature through ``tf.GradientTape``.
+    L-BFGS restarts (up to 3 passes) in coordinates re-whitened at its last iterate.
+
+    The residual is the largest entry of the gradient of ``F`` in coordinates whitened at ``q``
+    (mean in units of q's Cholesky factor / standard deviations, log scales): the natural
+    gradient ``eta_cav + dE_q[log p] / dmu - eta_q`` expressed as a change of the mean in
+    standard deviations and of the log standard deviations (times 2). It is zero exactly at a
+    fixed point of the update.
+
+    Parameters
+    ----------
+    model : fedbayes_flwr.models.Model
+        Needs ``expected_log_likelihood_tf(m1, m2, x, y)``.
+    x, y : numpy.ndarray
+        Local data (``y`` may be ``None`` for models without targets).
+    cavity : NaturalGaussian
+        The effective prior ``q / t_k`` (may be improper). A diagonal cavity serves a
+        full-covariance ``q``; a full cavity needs a full-covariance ``q``.
+    init : NaturalGaussian
+        Proper starting point (PVI uses the current global posterior).
+    iterations : int, optional
+        Budget of fixed-point updates before the fallback; 0 goes straight to L-BFGS.
+    step : float, optional
+        Damping of the fixed-point updates, in (0, 1].
+    tol : float, optional
+        Convergence threshold on the residual, for both phases (L-BFGS's ``gtol``).
+    diag : bool or None, optional
+        Mean-field (``True``) or full-covariance (``False``) ``q``; ``None`` follows ``init``.
+
+    Returns
+    -------
+    NaturalGaussian
+        The stationary ``q``: diagonal or full as ``diag`` (or ``init``) says.
+
+    Raises
+    ------
+    LocalSolverError
+        When L-BFGS ends without reaching ``tol`` (its message is included).
+    TypeError
+        When the model has no ``expected_log_likelihood_tf``.
+
+    Notes
+    -----
+    Measured on breast-cancer logistic regression (31 parameters, prior ``N(0, I)``, Dirichlet
+    0.1 label split over 10 clients): with ``step = 0.5`` the fixed-point iterations converge on
+    the smaller clients in 20 to 50 updates and cycle on the others, where L-BFGS converges in
+    tens of iterations; see the tests in ``tests/test_local_solver.py``.
+
+    References
+    ----------
+    Ashman et al. (2022), "Partitioned Variational Inference: A Framework for Probabilistic
+    Federated Learning", eq. (2) and Section 2.5 (fixed-point updates and their damped form).
+    Khan & Lin (2017), "Conjugate-Computation Variational Inference", AISTATS (natural-gradient
+    steps as damped fixed-point updates). Nocedal & Wright (2006), "Numerical Optimization",
+    2nd ed., Section 7.2 (L-BFGS); Byrd, Lu, Nocedal & Zhu (1995), SIAM J. Sci. Comput. 16(5)
+    (L-BFGS-B).
+    """
+    return solve_local_with_info(model, x, y, cavity, init, iterations=iterations, step=step,
+                                 tol=tol, diag=diag)[0]
+
+
+def solve_local_with_info(model, x, y, cavity: NaturalGaussian, init: NaturalGaussian, *,
+                          iterations: int = 50, step: float = 0.5, tol: float = 1e-8,
+                          diag: bool | None = None) -> tuple[NaturalGaussian, LocalSolveInfo]:
+    """:func:`solve_local`, also returning a :class:`LocalSolveInfo` on how it converged."""
+    if not hasattr(model, "expected_log_likelihood_tf"):
+        raise TypeError(f"solve_local needs a deterministic expected_log_likelihood_tf; model "
+                        f"{getattr(model, 'name', model)!r} has none (use the Adam optimiser)")
+    if not 0.0 < step <= 1.0:
+        raise ValueError(f"step must be in (0, 1], got {step}")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol}")
+    diag = init.is_diag if diag is None else bool(diag)
+    if diag and not cavity.is_diag:
+        raise ValueError("a mean-field q needs a diagonal cavity")
+    q = G.to_diag(init) if diag else G.like(G.zeros(init.dim, False), init)
+    cavity = G.like(q, cavity)
+    G.check_proper(q, "solve_local init")
+    problem = _LocalProblem(model, x, y, cavity, diag)
+
+    best, history, used = q, [], 0
+    for used in range(iterations + 1):
+        res = problem.residual(q)
+        if not np.isfinite(res):
+            break
+        if res < min(history, default=np.inf):
+            best = q
+        history.append(res)
+        if res <= tol:
+            return q, LocalSolveInfo(used, False, 0, 0, res)
+        if used == iterations or _fixed_point_hopeless(history, tol, iterations):
+            break
+        g1, g2 = expected_ll_grad(np.zeros(2, np.int32), model, x, y, q)
+        try:
+            q = _damped_update(q, NaturalGaussian(cavity.eta1 + g1, cavity.eta2 + g2), step)
+        except FloatingPointError:
+            break
+
+    from scipy.optimize import minimize
+
+    q, res, nit, newton, message = best, min(history, default=np.inf), 0, 0, ""
+    for _ in range(_LBFGS_PASSES):
+        frame = problem.frame(q)
+        result = minimize(problem.value_and_grad, np.zeros(problem.size), args=(frame,), jac=True,
+                          method="L-BFGS-B",
+                          options={"maxiter": 5000, "maxfun": 10000, "ftol": 0.0, "gtol": tol})
+        nit += int(result.nit)
+        message = str(result.message)
+        if not np.all(np.isfinite(result.x)):
+            break
+        candidate = problem.to_natural(result.x, frame)
+        if not G.is_proper(candidate):
+            break
+        q, res = candidate, problem.residual(candidate)
+        # L-BFGS's line search needs F to decrease by more than its rounding error, which can
+        # stop it short of ``tol`` on larger local data sets; Newton steps use gradients only.
+        for _ in range(_NEWTON_STEPS):
+            if res <= tol:
+                return q, LocalSolveInfo(used, True, nit, newton, res)
+            candidate = problem.newton(q)
+            candidate_res = np.inf if candidate is None else problem.residual(candidate)
+            if not candidate_res < res:
+                break
+            q, res, newton = candidate, candidate_res, newton + 1
+        if res <= tol:
+            return q, LocalSolveInfo(used, True, nit, newton, res)
+    raise LocalSolverError(f"local solve did not converge: fixed-point iterations stopped after {used} "
+                           f"updates and L-BFGS after {nit} iterations with residual {res:.3g} > tol "
+                           f"{tol:.3g} (L-BFGS: {message})")

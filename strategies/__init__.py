@@ -1,8 +1,22 @@
-"""Flower server glue: one Strategy per algorithm, and the ServerApp. No maths here."""
+"""Flower server glue: the generic bundle strategy, thin named strategies, and the ServerApp.
 
+Named strategies (``PVIStrategy``, ...) are imported on first use, so the generic pieces never
+depend on a family.
+"""
+
+import importlib
+
+from .base import BundleStrategy
 from .nodes import partition_map
-from .pvi import PVIStrategy
-from .pvi_async import AsyncPVIStrategy
 from .server_app import app, make_server_app
 
-__all__ = ["AsyncPVIStrategy", "PVIStrategy", "app", "make_server_app", "partition_map"]
+_NAMED = {"PVIStrategy": ".pvi", "AsyncPVIStrategy": ".pvi"}
+
+__all__ = ["AsyncPVIStrategy", "BundleStrategy", "PVIStrategy", "app", "make_server_app",
+           "partition_map"]
+
+
+def __getattr__(name: str):
+    if name in _NAMED:
+        return getattr(importlib.import_module(_NAMED[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,9 @@
-"""The ServerApp: builds the experiment from the run config and runs the chosen strategy.
+"""The ServerApp: builds the experiment from the run config and runs the chosen bundle.
 
 ``app`` reads Flower's run config (``flwr run``); :func:`make_server_app` bakes explicit settings
-in, for ``flwr.simulation.run_simulation`` whose run config is empty. Results go to
-``output-dir`` as the run goes (``result.json``, ``posterior.npz``, plots).
+in, for ``flwr.simulation.run_simulation`` whose run config is empty. Any registered algorithm
+runs through :class:`strategies.base.BundleStrategy`; results go to ``output-dir`` as the run goes
+(``result.json``, ``posterior.npz``, plots), and a stopped run still writes them.
 """
 
 from __future__ import annotations
@@ -11,10 +12,18 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.experiment import Recorder, build_experiment
+from fedbayes_flwr.engine import RunStopped
+from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.recorder import Recorder
 
-from .pvi import PVIStrategy
-from .pvi_async import AsyncPVIStrategy
+from .base import BundleStrategy
+
+
+def strategy_for(exp) -> BundleStrategy:
+    """The generic strategy for an experiment's bundle and setup."""
+    c = exp.config
+    return BundleStrategy(exp.bundle, exp.setup, eval_every=c.eval_every,
+                          max_seconds=c.max_seconds, max_retries=c.max_retries)
 
 
 def make_server_app(overrides: dict | None = None, engine: str = "simulation",
@@ -27,17 +36,17 @@ def make_server_app(overrides: dict | None = None, engine: str = "simulation",
     def main(grid: Grid, context: Context) -> None:
         config = parse_run_config({**dict(context.run_config), **overrides})
         exp = build_experiment(config)
-        cls = AsyncPVIStrategy if config.schedule == "asynchronous" else PVIStrategy
-        strategy = cls(exp.prior, exp.num_clients, config.seed, exp.pvi_config,
-                       config.optimise_prior)
+        strategy = strategy_for(exp)
         recorder = Recorder(exp, engine, progress=progress)
 
-        def record(server_round: int, arrays) -> None:
-            if server_round > 0:
-                recorder.record(server_round, strategy.posterior, strategy.round_logs[server_round])
+        def record(update: int, arrays) -> None:
+            recorder.record(update, strategy.posterior, strategy.round_logs[update])
 
-        strategy.start(grid, strategy.initial_arrays(), num_rounds=config.num_rounds,
-                       evaluate_fn=record)
+        try:
+            strategy.start(grid, num_rounds=config.num_rounds, evaluate_fn=record)
+        except RunStopped as err:
+            recorder.stop(err.reason)
+            return
         recorder.finish()
 
     return app

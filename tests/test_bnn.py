@@ -6,9 +6,10 @@ import pytest
 import tensorflow as tf
 from scipy.special import log_softmax
 
-from fedbayes_flwr.bnn import BNNClassifier, BNNRegression, parse_hidden
 from fedbayes_flwr.config import ConfigError, parse_run_config
-from fedbayes_flwr.experiment import build_experiment, iterate_in_process
+from fedbayes_flwr.engine import iterate_in_process
+from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.models import BNNClassifier, BNNRegression, parse_hidden
 from fedbayes_flwr.posterior import GaussianPosterior
 
 

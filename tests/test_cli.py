@@ -38,6 +38,9 @@ def _bad_cases(tmp_path):
         (["--run-config", "damping=2.0"], "damping"),
         (["--run-config", "no-such-key=1"], "unknown run-config key 'no-such-key'"),
         (["--run-config", "schedule='weekly'"], "unknown schedule"),
+        (["--run-config", "pvi.no-such-key=1"], "unknown run-config key 'pvi.no-such-key'"),
+        (["--run-config", "nosuch.damping=1"], "unknown run-config key 'nosuch.damping'"),
+        (["--run-config", "algorithm-modules='no.such.module'"], "cannot import 'no.such.module'"),
     ]
 
 
@@ -66,7 +69,8 @@ def test_in_process_run_writes_results(tmp_path):
                                 "--run-config", "schedule='sequential' damping=1.0"])
     assert code == 0
     result = json.loads((out / "result.json").read_text())
-    assert result["run_config"]["schedule"] == "sequential"
+    assert result["run_config"]["pvi.schedule"] == "sequential"  # the bare key took its section
+    assert result["outcome"] == "completed"
     assert [h["round"] for h in result["history"]] == [1, 2, 3]
     for key in ("test_rmse", "test_nll", "log_marginal_likelihood", "bytes_down", "bytes_up",
                 "elapsed_s", "rejected_replies"):
@@ -90,11 +94,41 @@ def test_posterior_file_for_classifier_has_reliability_plot(tmp_path):
 
 
 def test_pyproject_run_config_matches_library_defaults():
-    """Flower passes every pyproject key to the apps: the two lists must agree, value for value."""
+    """Flower passes every pyproject key to the apps: the common keys equal RunConfig's defaults
+    and each ``[tool.flwr.app.config.<bundle>]`` section equals that bundle's config defaults,
+    value for value, for every bundle in the registry (and no other section exists)."""
+    import dataclasses
     import tomllib
 
+    from fedbayes_flwr.algorithms import registry
     from fedbayes_flwr.config import RunConfig
 
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         declared = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    sections = {k: declared.pop(k) for k in list(declared) if isinstance(declared[k], dict)}
     assert declared == RunConfig().to_run_config()
+    bundles = registry.bundles()
+    assert set(sections) == set(bundles)
+    for name, bundle in bundles.items():
+        defaults = bundle.config_class()
+        assert sections[name] == {f.name.replace("_", "-"): getattr(defaults, f.name)
+                                  for f in dataclasses.fields(defaults)}
+
+
+def test_dotted_and_bare_keys_resolve_to_the_algorithm_section():
+    from fedbayes_flwr.config import ConfigError, parse_run_config
+
+    dotted = parse_run_config({"pvi.damping": 0.25, "pvi.schedule": "sequential"})
+    bare = parse_run_config({"damping": 0.25, "schedule": "sequential"})
+    assert dotted == bare and dotted.section.damping == 0.25
+    # a preset uses its bundle's section, and fixes the keys it defines
+    bcm = parse_run_config({"algorithm": "bcm-split", "pvi.local-steps": 7})
+    assert bcm.section.local_steps == 7 and bcm.section.cavity == "split-prior"
+    assert bcm.num_rounds == 1
+    for bad in ({"pvi.nope": 1}, {"nope": 1}, {"eval-every": 0}):
+        try:
+            parse_run_config(bad)
+        except ConfigError as err:
+            assert len(str(err).splitlines()) == 1 and next(iter(bad)) in str(err)
+        else:
+            raise AssertionError(f"{bad} was accepted")

@@ -2,36 +2,50 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 from fedbayes_flwr.data import (
     DATASETS,
+    HUB_PREFIX,
     PARTITIONS,
+    SYNTHETIC,
+    TARGETS,
     DataError,
     Dataset,
+    DataWarning,
     is_dataset_name,
     load_dataset,
     partition_indices,
 )
+from fedbayes_flwr.data.synthetic import DEFAULT_SYNTHETIC, GENERATORS, SYNTHETIC_TARGET
 
-MODELS = (
-    "gaussian-mean",
-    "linear-regression",
-    "logistic-regression",
-    "bnn-classifier",
-    "bnn-regression",
-)
+# Model name -> (target kind, synthetic generator), as the models declare them.
+MODELS = {
+    "gaussian-mean": ("none", "gaussian-mean"),
+    "linear-regression": ("real", "linear"),
+    "logistic-regression": ("binary", "logistic"),
+    "bnn-classifier": ("multiclass", "softmax"),
+    "bnn-regression": ("real", "sine"),
+}
+
+
+def _load(name: str, model: str, **kwargs) -> Dataset:
+    """``load_dataset`` for the target kind and synthetic generator of `model`."""
+    target, synthetic = MODELS[model]
+    return load_dataset(name, target, synthetic=synthetic, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def cancer() -> Dataset:
-    return load_dataset("breast-cancer", "logistic-regression")
+    return load_dataset("breast-cancer", "binary")
 
 
 @pytest.fixture(scope="module")
 def digits() -> Dataset:
-    return load_dataset("digits", "bnn-classifier")
+    return load_dataset("digits", "multiclass")
 
 
 def _check_float(a: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -69,13 +83,46 @@ def _mean_tv(labels: np.ndarray, parts: list[np.ndarray]) -> float:
 def test_constants():
     assert DATASETS == ("breast-cancer", "diabetes", "digits", "synthetic")
     assert PARTITIONS == ("iid", "dirichlet", "pathological", "natural")
+    assert TARGETS == ("none", "real", "binary", "multiclass")
+    assert SYNTHETIC == ("gaussian-mean", "linear", "logistic", "softmax", "sine")
+    assert HUB_PREFIX == "hub:"
     assert issubclass(DataError, ValueError)
+    assert issubclass(DataWarning, UserWarning)
+    # Positional construction without holdout_rows still works.
+    d = Dataset(np.zeros((1, 1)), None, np.zeros((1, 1)), None, None, "x")
+    assert d.holdout_rows == 0
+
+
+def test_data_package_knows_no_models():
+    import pathlib
+
+    import fedbayes_flwr.data as data
+
+    for path in pathlib.Path(data.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert ".models" not in text and "import flwr\n" not in text and "from flwr " not in text, path
+        for model in MODELS:
+            if model != "gaussian-mean":  # also a generator name
+                assert model not in text, (path, model)
 
 
 def test_models_known_to_the_library():
     from fedbayes_flwr.models import MODELS as LIBRARY_MODELS
 
     assert set(MODELS) <= set(LIBRARY_MODELS)
+    for target, synthetic in MODELS.values():
+        assert target in TARGETS and synthetic in SYNTHETIC
+        assert SYNTHETIC_TARGET[synthetic] == target
+
+
+def test_models_declare_their_target_and_generator():
+    from fedbayes_flwr.models import make_model
+
+    for name, expected in MODELS.items():
+        model = make_model(name)
+        if not hasattr(model, "target"):
+            pytest.skip("models do not declare target / synthetic yet")
+        assert (model.target, model.synthetic) == expected, name
 
 
 @pytest.mark.parametrize(
@@ -94,28 +141,28 @@ def test_breast_cancer(cancer):
     assert d.y_train.dtype == np.int64 and d.y_test.dtype == np.int64
     assert d.y_train.shape == (455,) and d.y_test.shape == (114,)
     assert set(np.unique(d.y_train)) == {0, 1}
-    assert d.client_id is None and d.name == "breast-cancer"
+    assert d.client_id is None and d.name == "breast-cancer" and d.holdout_rows == 0
     np.testing.assert_allclose(d.x_train.mean(axis=0), 0.0, atol=1e-9)
     np.testing.assert_allclose(d.x_train.std(axis=0), 1.0, atol=1e-9)
     # Stratified: class balance of both sides close to the whole set.
     assert abs(d.y_train.mean() - d.y_test.mean()) < 0.02
     # Fixed split: deterministic and independent of the run seed.
-    other = load_dataset("breast-cancer", "logistic-regression", seed=123)
+    other = load_dataset("breast-cancer", "binary", seed=123)
     for a, b in zip(d, other, strict=True):
         if isinstance(a, np.ndarray):
             np.testing.assert_array_equal(a, b)
 
 
-def test_breast_cancer_bnn_classifier(cancer):
-    d = load_dataset("breast-cancer", "bnn-classifier")
+def test_breast_cancer_multiclass(cancer):
+    d = load_dataset("breast-cancer", "multiclass")
     for a, b in zip(d, cancer, strict=True):
         if isinstance(a, np.ndarray):
             np.testing.assert_array_equal(a, b)
 
 
 def test_diabetes_bnn_regression():
-    a = load_dataset("diabetes", "bnn-regression")
-    b = load_dataset("diabetes", "linear-regression")
+    a = _load("diabetes", "bnn-regression")  # the generator only matters for "synthetic"
+    b = _load("diabetes", "linear-regression")
     np.testing.assert_array_equal(a.x_train, b.x_train)
     np.testing.assert_array_equal(a.y_test, b.y_test)
     assert a.y_train.dtype == np.float64
@@ -137,16 +184,16 @@ def test_digits(digits):
     counts_tr, counts_te = np.bincount(d.y_train), np.bincount(d.y_test)
     np.testing.assert_allclose(counts_te / 360, counts_tr / 1437, atol=0.01)
     # Fixed split: deterministic and independent of the run seed.
-    other = load_dataset("digits", "bnn-classifier", seed=99)
+    other = load_dataset("digits", "multiclass", seed=99)
     for a, b in zip(d, other, strict=True):
         if isinstance(a, np.ndarray):
             np.testing.assert_array_equal(a, b)
-    half = load_dataset("digits", "bnn-classifier", test_fraction=0.5)
+    half = load_dataset("digits", "multiclass", test_fraction=0.5)
     assert half.x_train.shape == (898, 64) and half.x_test.shape == (899, 64)
 
 
 def test_diabetes():
-    d = load_dataset("diabetes", "linear-regression", seed=5)
+    d = load_dataset("diabetes", "real", seed=5)
     _check_float(d.x_train, (353, 10))
     _check_float(d.x_test, (89, 10))
     _check_float(d.y_train, (353,))
@@ -154,42 +201,74 @@ def test_diabetes():
     np.testing.assert_allclose(d.x_train.mean(axis=0), 0.0, atol=1e-9)
     np.testing.assert_allclose(d.x_train.std(axis=0), 1.0, atol=1e-9)
     assert abs(d.y_train.mean()) < 1e-9 and abs(d.y_train.std() - 1.0) < 1e-9
-    np.testing.assert_array_equal(d.y_test, load_dataset("diabetes", "linear-regression").y_test)
+    np.testing.assert_array_equal(d.y_test, load_dataset("diabetes", "real").y_test)
 
 
 @pytest.mark.parametrize(
-    ("name", "model", "needle"),
+    ("name", "target", "needle"),
     [
-        ("breast-cancer", "linear-regression", "logistic-regression or bnn-classifier"),
-        ("breast-cancer", "gaussian-mean", "logistic-regression"),
-        ("breast-cancer", "bnn-regression", "logistic-regression"),
-        ("diabetes", "logistic-regression", "linear-regression or bnn-regression"),
-        ("diabetes", "bnn-classifier", "linear-regression"),
-        ("digits", "logistic-regression", "use --model bnn-classifier"),
-        ("digits", "linear-regression", "10-class.*bnn-classifier"),
-        ("digits", "bnn-regression", "bnn-classifier"),
-        ("digits", "gaussian-mean", "bnn-classifier"),
-        ("mnist", "logistic-regression", "breast-cancer, diabetes, digits, synthetic or hub:"),
-        ("synthetic", "poisson", "unknown model"),
+        ("breast-cancer", "real", "^dataset 'breast-cancer' has binary labels; this model needs real-valued"),
+        ("breast-cancer", "none", "'breast-cancer' has binary labels; this model needs no targets"),
+        ("diabetes", "binary", "^dataset 'diabetes' has real-valued targets; this model needs binary labels"),
+        ("diabetes", "multiclass", "'diabetes' has real-valued targets; this model needs class labels"),
+        ("digits", "binary", "^dataset 'digits' has 10-class labels; this model needs binary labels"),
+        ("digits", "real", "'digits' has 10-class labels; this model needs real-valued targets"),
+        ("digits", "none", "'digits' has 10-class labels; this model needs no targets"),
+        ("mnist", "binary", "breast-cancer, diabetes, digits, synthetic or hub:"),
     ],
 )
-def test_bad_dataset_model(name, model, needle):
+def test_bad_dataset_target(name, target, needle):
+    with pytest.raises(DataError, match=needle) as info:
+        load_dataset(name, target)
+    assert "\n" not in str(info.value) and "--model" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["synthetic", "digits", "hub:mnist"])
+@pytest.mark.parametrize("target", ["poisson", "", "logistic-regression", None])
+def test_unknown_target(name, target):
+    with pytest.raises(DataError, match="^unknown target .*; known targets: none, real, binary, multiclass$"):
+        load_dataset(name, target)
+
+
+def test_unknown_synthetic_generator():
+    needle = "unknown synthetic generator 'poisson'; known: gaussian-mean, linear"
     with pytest.raises(DataError, match=needle):
-        load_dataset(name, model)
+        load_dataset("synthetic", "real", synthetic="poisson")
+
+
+@pytest.mark.parametrize(
+    ("target", "synthetic", "needle"),
+    [
+        ("binary", "linear", "generator 'linear' makes real-valued targets; this model needs binary"),
+        ("real", "softmax", "generator 'softmax' makes class labels.*; this model needs real-valued"),
+        ("none", "sine", "generator 'sine' makes real-valued targets; this model needs no targets"),
+        ("real", "gaussian-mean", "generator 'gaussian-mean' makes no targets; this model needs real"),
+        ("binary", "softmax", "this model needs binary labels"),
+    ],
+)
+def test_synthetic_generator_must_fit_target(target, synthetic, needle):
+    with pytest.raises(DataError, match=needle):
+        load_dataset("synthetic", target, synthetic=synthetic)
+
+
+def test_binary_generator_fits_multiclass():
+    d = load_dataset("synthetic", "multiclass", synthetic="logistic", seed=3)
+    e = load_dataset("synthetic", "binary", seed=3)
+    np.testing.assert_array_equal(d.y_train, e.y_train)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
 def test_bad_test_fraction(fraction):
     with pytest.raises(DataError, match="test fraction"):
-        load_dataset("synthetic", "gaussian-mean", test_fraction=fraction)
+        load_dataset("synthetic", "none", test_fraction=fraction)
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_synthetic(model):
-    d = load_dataset("synthetic", model, seed=1, synthetic_size=50, synthetic_dim=4)
+    d = _load("synthetic", model, seed=1, synthetic_size=50, synthetic_dim=4)
     _check_float(d.x_train, (40, 4))
     _check_float(d.x_test, (10, 4))
-    assert d.name == "synthetic" and d.client_id is None
+    assert d.name == "synthetic" and d.client_id is None and d.holdout_rows == 0
     if model == "gaussian-mean":
         assert d.y_train is None and d.y_test is None
     elif model in ("linear-regression", "bnn-regression"):
@@ -199,22 +278,63 @@ def test_synthetic(model):
         assert d.y_train.dtype == np.int64 and d.y_train.shape == (40,)
         classes = {0, 1, 2} if model == "bnn-classifier" else {0, 1}
         assert set(np.unique(np.concatenate([d.y_train, d.y_test]))) <= classes
-    again = load_dataset("synthetic", model, seed=1, synthetic_size=50, synthetic_dim=4)
-    other = load_dataset("synthetic", model, seed=2, synthetic_size=50, synthetic_dim=4)
+    again = _load("synthetic", model, seed=1, synthetic_size=50, synthetic_dim=4)
+    other = _load("synthetic", model, seed=2, synthetic_size=50, synthetic_dim=4)
     np.testing.assert_array_equal(d.x_train, again.x_train)
     if d.y_train is not None:
         np.testing.assert_array_equal(d.y_train, again.y_train)
     assert not np.array_equal(d.x_train, other.x_train)
 
 
+def test_synthetic_generators_cover_the_names():
+    assert set(GENERATORS) == set(SYNTHETIC) == set(SYNTHETIC_TARGET)
+    assert set(SYNTHETIC_TARGET.values()) == set(TARGETS)
+    assert set(DEFAULT_SYNTHETIC) == set(TARGETS)
+    for target, synthetic in DEFAULT_SYNTHETIC.items():
+        assert SYNTHETIC_TARGET[synthetic] == target
+
+
+@pytest.mark.parametrize("synthetic", SYNTHETIC)
+def test_synthetic_generator_is_deterministic_per_seed(synthetic):
+    target = SYNTHETIC_TARGET[synthetic]
+    kwargs = {"synthetic": synthetic, "synthetic_size": 40, "synthetic_dim": 2}
+    for seed in (0, 1, 12345):
+        a = load_dataset("synthetic", target, seed=seed, **kwargs)
+        b = load_dataset("synthetic", target, seed=seed, **kwargs)
+        for u, v in zip(a, b, strict=True):
+            if isinstance(u, np.ndarray):
+                np.testing.assert_array_equal(u, v)
+            else:
+                assert u == v
+        # The generator itself: same seed, same draws.
+        x1, y1 = GENERATORS[synthetic](np.random.default_rng(seed), 40, 2, 1.0)
+        x2, y2 = GENERATORS[synthetic](np.random.default_rng(seed), 40, 2, 1.0)
+        np.testing.assert_array_equal(x1, x2)
+        assert (y1 is None) == (y2 is None) == (target == "none")
+        if y1 is not None:
+            np.testing.assert_array_equal(y1, y2)
+        np.testing.assert_array_equal(np.concatenate([a.x_train, a.x_test]), x1)
+    other = load_dataset("synthetic", target, seed=2, **kwargs)
+    assert not np.array_equal(a.x_train, other.x_train)
+
+
+@pytest.mark.parametrize(("target", "synthetic"), DEFAULT_SYNTHETIC.items())
+def test_synthetic_default_generator_per_target(target, synthetic):
+    a = load_dataset("synthetic", target, seed=4)
+    b = load_dataset("synthetic", target, synthetic=synthetic, seed=4)
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    if a.y_train is not None:
+        np.testing.assert_array_equal(a.y_train, b.y_train)
+
+
 def test_synthetic_bnn_classifier_has_three_classes():
-    d = load_dataset("synthetic", "bnn-classifier", synthetic_size=600, synthetic_dim=4, seed=3)
+    d = _load("synthetic", "bnn-classifier", synthetic_size=600, synthetic_dim=4, seed=3)
     counts = np.bincount(np.concatenate([d.y_train, d.y_test]), minlength=3)
     assert counts.size == 3 and counts.min() > 30
 
 
 def test_synthetic_bnn_regression_is_nonlinear():
-    d = load_dataset("synthetic", "bnn-regression", synthetic_size=2000, noise_scale=0.05, seed=0)
+    d = _load("synthetic", "bnn-regression", synthetic_size=2000, noise_scale=0.05, seed=0)
     x, y = d.x_train, d.y_train
     assert np.all(np.abs(y) < 2.5)  # 2 sin(.) plus small noise
     # A linear fit explains much less of y than the noise level allows.
@@ -224,7 +344,7 @@ def test_synthetic_bnn_regression_is_nonlinear():
 
 
 def test_synthetic_tiny_keeps_one_row_each_side():
-    d = load_dataset("synthetic", "linear-regression", synthetic_size=2, test_fraction=0.01)
+    d = load_dataset("synthetic", "real", synthetic_size=2, test_fraction=0.01)
     assert d.x_train.shape[0] == 1 and d.x_test.shape[0] == 1
 
 
@@ -242,8 +362,10 @@ def test_npz_with_test_set(tmp_path):
     x, y = rng.standard_normal((20, 3)), rng.standard_normal(20)
     xt, yt = rng.standard_normal((5, 3)), rng.standard_normal(5)
     path = _write(tmp_path, x_train=x, y_train=y, x_test=xt, y_test=yt)
-    d = load_dataset("breast-cancer", "linear-regression", data_file=path)
-    assert d.name == "file:data.npz"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)  # nothing held out: no warning
+        d = load_dataset("breast-cancer", "real", data_file=path)
+    assert d.name == "file:data.npz" and d.holdout_rows == 0
     np.testing.assert_array_equal(d.x_train, x)  # not standardised
     np.testing.assert_array_equal(d.y_train, y)
     np.testing.assert_array_equal(d.x_test, xt)
@@ -257,7 +379,8 @@ def test_npz_split_and_client_id(tmp_path):
     y = (np.arange(n) % 2).astype(np.int32)
     cid = np.repeat(np.array([7, 3, 5]), 10)
     path = _write(tmp_path, x_train=x, y_train=y, client_id=cid)
-    d = load_dataset("x", "logistic-regression", data_file=path, seed=4, test_fraction=0.2)
+    with pytest.warns(DataWarning, match="held out 6 of 30 rows"):
+        d = load_dataset("x", "binary", data_file=path, seed=4, test_fraction=0.2)
     _check_float(d.x_train, (24, 1))
     _check_float(d.x_test, (6, 1))
     assert d.y_train.dtype == np.int64 and d.client_id.dtype == np.int64
@@ -266,17 +389,45 @@ def test_npz_split_and_client_id(tmp_path):
     train_rows = d.x_train[:, 0].astype(int)
     np.testing.assert_array_equal(d.y_train, y[train_rows])
     np.testing.assert_array_equal(d.client_id, cid[train_rows])
-    again = load_dataset("x", "logistic-regression", data_file=path, seed=4)
-    other = load_dataset("x", "logistic-regression", data_file=path, seed=5)
+    with pytest.warns(DataWarning):
+        again = load_dataset("x", "binary", data_file=path, seed=4)
+        other = load_dataset("x", "binary", data_file=path, seed=5)
     np.testing.assert_array_equal(d.x_test, again.x_test)
     assert not np.array_equal(d.x_test, other.x_test)
 
 
 def test_npz_gaussian_mean_needs_only_x(tmp_path):
     path = _write(tmp_path, x_train=np.ones((10, 2)), x_test=np.zeros((3, 2)))
-    d = load_dataset("synthetic", "gaussian-mean", data_file=path)
+    d = load_dataset("synthetic", "none", data_file=path)
     assert d.y_train is None and d.y_test is None
     assert d.x_test.shape == (3, 2)
+
+
+def test_npz_holdout_is_reported(tmp_path):
+    rng = np.random.default_rng(0)
+    path = _write(tmp_path, x_train=rng.standard_normal((200, 3)), y_train=rng.standard_normal(200))
+    with pytest.warns(DataWarning) as record:
+        d = load_dataset("synthetic", "real", data_file=path, seed=3, test_fraction=0.2)
+    assert [str(w.message) for w in record] == [
+        f"data file {path!r} has no x_test: held out 40 of 200 rows (test-fraction 0.2, seed 3) "
+        "as the test set"
+    ]
+    assert d.holdout_rows == 40
+    assert d.x_train.shape == (160, 3) and d.x_test.shape == (40, 3)
+    # Without targets too.
+    with pytest.warns(DataWarning, match="held out 50 of 200 rows .test-fraction 0.25, seed 0."):
+        g = load_dataset("synthetic", "none", data_file=path, test_fraction=0.25)
+    assert g.holdout_rows == 50 and g.y_test is None
+    # Positional 6-field view is unchanged; the count is the 7th field.
+    assert d[6] == d.holdout_rows and len(d) == 7
+
+
+def test_npz_with_x_test_holds_nothing_out(tmp_path):
+    path = _write(tmp_path, x_train=np.ones((10, 2)), x_test=np.zeros((3, 2)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)
+        d = load_dataset("synthetic", "none", data_file=path)
+    assert d.holdout_rows == 0 and d.x_train.shape == (10, 2)
 
 
 _X = np.zeros((6, 2))
@@ -323,8 +474,8 @@ _Y01 = np.array([0, 1, 0, 1, 0, 1])
             {"x_train": _X, "y_train": np.arange(6), "x_test": _X, "y_test": np.full(6, 0.5)},
             r"y_test' labels must be integers >= 0, found \[0.5\]",
         ),
-        ("bnn-classifier", {"x_train": _X}, "y_train.*bnn-classifier"),
-        ("bnn-regression", {"x_train": _X}, "y_train.*bnn-regression"),
+        ("bnn-classifier", {"x_train": _X}, "y_train' is required: this model needs class labels"),
+        ("bnn-regression", {"x_train": _X}, "y_train' is required: this model needs real-valued targets"),
         ("gaussian-mean", {"x_train": _X, "client_id": np.arange(5)}, "client_id"),
         (
             "gaussian-mean",
@@ -341,7 +492,7 @@ _Y01 = np.array([0, 1, 0, 1, 0, 1])
 def test_npz_errors(tmp_path, model, arrays, needle):
     path = _write(tmp_path, **arrays)
     with pytest.raises(DataError, match=needle) as info:
-        load_dataset("synthetic", model, data_file=path)
+        _load("synthetic", model, data_file=path)
     assert "data.npz" in str(info.value)
     assert "\n" not in str(info.value)
 
@@ -349,17 +500,17 @@ def test_npz_errors(tmp_path, model, arrays, needle):
 def test_npz_bnn_models(tmp_path):
     y = np.array([0, 4, 2, 2, 7, 1], dtype=np.float32)  # integer-valued floats are fine
     path = _write(tmp_path, x_train=_X, y_train=y, x_test=_X[:2], y_test=np.array([3, 0]))
-    d = load_dataset("synthetic", "bnn-classifier", data_file=path)
+    d = load_dataset("synthetic", "multiclass", data_file=path)
     assert d.y_train.dtype == np.int64 and d.y_test.dtype == np.int64
     np.testing.assert_array_equal(d.y_train, [0, 4, 2, 2, 7, 1])
-    r = load_dataset("synthetic", "bnn-regression", data_file=path)
+    r = load_dataset("synthetic", "real", data_file=path)
     assert r.y_train.dtype == np.float64
     np.testing.assert_array_equal(r.y_train, y)
 
 
 def test_npz_missing_file(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        load_dataset("synthetic", "gaussian-mean", data_file=str(tmp_path / "nope.npz"))
+        load_dataset("synthetic", "none", data_file=str(tmp_path / "nope.npz"))
 
 
 # ------------------------------------------------------------------------ partitions
@@ -397,13 +548,13 @@ def test_dirichlet_impossible_alpha(cancer):
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("scheme", ["dirichlet", "pathological"])
 def test_label_schemes_on_continuous_data(model, scheme):
-    d = load_dataset("synthetic", model, synthetic_size=125, seed=2)
+    d = _load("synthetic", model, synthetic_size=125, seed=2)
     parts = partition_indices(d, 5, scheme, seed=1)
     _check_cover(parts, 100, 5)
 
 
 def test_pathological_classes_per_client():
-    d = load_dataset("synthetic", "linear-regression", synthetic_size=250)
+    d = load_dataset("synthetic", "real", synthetic="linear", synthetic_size=250)
     parts = partition_indices(d, 10, "pathological", classes_per_client=2, seed=0)
     _check_cover(parts, 200, 10)
     # Quantile bins of y: each client holds rows of at most 2 bins (2 contiguous ranges
@@ -450,7 +601,7 @@ def test_pathological_digits_impossible(digits):
 def test_natural(tmp_path):
     cid = np.array([9, 2, 2, 5, 9, 9, 5, 2, 2, 9])
     path = _write(tmp_path, x_train=np.arange(10.0), x_test=np.zeros(2), client_id=cid)
-    d = load_dataset("synthetic", "gaussian-mean", data_file=path)
+    d = load_dataset("synthetic", "none", data_file=path)
     parts = partition_indices(d, 3, "natural")
     _check_cover(parts, 10, 3)
     for k, natural in enumerate([2, 5, 9]):  # sorted ids -> clients 0..2

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.experiment import run_in_process
+from fedbayes_flwr.engine import run_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.flower

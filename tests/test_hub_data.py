@@ -9,11 +9,12 @@ every internet socket connection fails, so an attempted download would show up a
 from __future__ import annotations
 
 import socket
+import warnings
 
 import numpy as np
 import pytest
 
-from fedbayes_flwr.data import DataError, load_dataset, partition_indices
+from fedbayes_flwr.data import DataError, DataWarning, load_dataset, partition_indices
 
 N_TRAIN, N_TEST, SIDE = 60, 20, 8
 
@@ -101,7 +102,9 @@ def test_local_parquet_through_federated_dataset(mnist_like, tmp_path, monkeypat
         return real(**kwargs)
 
     monkeypatch.setattr(flwr_datasets, "FederatedDataset", spy)
-    d = load_dataset("hub:parquet", "bnn-classifier", hub_kwargs=_hub_kwargs(files, tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)  # nothing held out: no warning
+        d = load_dataset("hub:parquet", "multiclass", hub_kwargs=_hub_kwargs(files, tmp_path))
 
     # Loaded through FederatedDataset with a single train partition, kwargs passed on.
     assert len(calls) == 1
@@ -112,6 +115,7 @@ def test_local_parquet_through_federated_dataset(mnist_like, tmp_path, monkeypat
     assert call["data_files"] == files
 
     assert d.name == "hub:parquet" and d.client_id is None
+    assert d.holdout_rows == 0  # the dataset has a test split
     for x, n in ((d.x_train, N_TRAIN), (d.x_test, N_TEST)):
         assert x.dtype == np.float64 and x.flags.c_contiguous
         assert x.shape == (n, SIDE * SIDE)
@@ -135,29 +139,36 @@ def test_local_parquet_through_federated_dataset(mnist_like, tmp_path, monkeypat
             assert all(np.unique(d.y_train[p]).size == 2 for p in parts)
 
 
-def test_other_models(mnist_like, tmp_path):
+def test_other_targets(mnist_like, tmp_path):
     files, raw = mnist_like
     kwargs = _hub_kwargs(files, tmp_path)
-    r = load_dataset("hub:parquet", "bnn-regression", hub_kwargs=kwargs)
+    r = load_dataset("hub:parquet", "real", hub_kwargs=kwargs)
     assert r.y_train.dtype == np.float64
     np.testing.assert_array_equal(r.y_train, raw["train"][1])
-    g = load_dataset("hub:parquet", "gaussian-mean", hub_kwargs=kwargs)
+    g = load_dataset("hub:parquet", "none", hub_kwargs=kwargs)
     assert g.y_train is None and g.y_test is None and g.x_train.shape == (N_TRAIN, 64)
     with pytest.raises(DataError, match=r"labels must be 0 or 1, found \[2, 3, 4"):
-        load_dataset("hub:parquet", "logistic-regression", hub_kwargs=kwargs)
+        load_dataset("hub:parquet", "binary", hub_kwargs=kwargs)
 
 
 def test_no_test_split_holds_out_a_fixed_fraction(mnist_like, tmp_path):
     files, raw = mnist_like
     kwargs = _hub_kwargs({"train": files["train"]}, tmp_path)
-    d = load_dataset("hub:parquet", "bnn-classifier", test_fraction=0.25, hub_kwargs=kwargs)
+    with pytest.warns(DataWarning) as record:
+        d = load_dataset("hub:parquet", "multiclass", test_fraction=0.25, hub_kwargs=kwargs)
+    assert [str(w.message) for w in record] == [
+        "hub dataset 'parquet' has no 'test' split: held out 15 of 60 rows "
+        "(test-fraction 0.25) as the test set"
+    ]
     assert d.x_train.shape == (45, 64) and d.x_test.shape == (15, 64)
+    assert d.holdout_rows == 15
     rows = np.concatenate([d.x_train, d.x_test])
     expected = raw["train"][0].reshape(N_TRAIN, -1) / 255.0
     assert np.array_equal(np.unique(rows, axis=0), np.unique(expected, axis=0))
-    again = load_dataset(
-        "hub:parquet", "bnn-classifier", seed=5, test_fraction=0.25, hub_kwargs=kwargs
-    )
+    with pytest.warns(DataWarning, match="held out 15 of 60 rows"):
+        again = load_dataset(
+            "hub:parquet", "multiclass", seed=5, test_fraction=0.25, hub_kwargs=kwargs
+        )
     np.testing.assert_array_equal(d.x_test, again.x_test)  # fixed split, independent of seed
     np.testing.assert_array_equal(d.y_test, again.y_test)
 
@@ -172,7 +183,7 @@ def test_nested_list_pixels_and_custom_columns(tmp_path):
     path = str(tmp_path / "pixels.parquet")
     datasets.Dataset.from_dict({"pixels": x.tolist(), "labels": y.tolist()}).to_parquet(path)
     kwargs = _hub_kwargs({"train": path, "test": path}, tmp_path)
-    d = load_dataset("hub:parquet", "bnn-classifier", hub_kwargs=kwargs)  # auto-detected names
+    d = load_dataset("hub:parquet", "multiclass", hub_kwargs=kwargs)  # auto-detected names
     np.testing.assert_array_equal(d.x_train, x.reshape(12, -1) / 255.0)
     np.testing.assert_array_equal(d.y_train, y)
 
@@ -183,7 +194,7 @@ def test_nested_list_pixels_and_custom_columns(tmp_path):
     kwargs = _hub_kwargs({"train": other, "test": other}, tmp_path)
     c = load_dataset(
         "hub:parquet",
-        "bnn-classifier",
+        "multiclass",
         hub_kwargs=kwargs,
         hub_feature_column="pic",
         hub_label_column="digit",
@@ -192,15 +203,15 @@ def test_nested_list_pixels_and_custom_columns(tmp_path):
     np.testing.assert_array_equal(c.x_train, x.reshape(12, -1).astype(np.float64))
     np.testing.assert_array_equal(c.y_train, y)
     # Tabular: every numeric column except the label, unscaled.
-    t = load_dataset("hub:parquet", "bnn-regression", hub_kwargs=kwargs, hub_label_column="digit")
+    t = load_dataset("hub:parquet", "real", hub_kwargs=kwargs, hub_label_column="digit")
     np.testing.assert_allclose(t.x_train[:, 0], np.linspace(-3, 3, 12))
     assert t.x_train.shape == (12, 1)
     with pytest.raises(DataError, match="no label column.*pass hub_label_column"):
-        load_dataset("hub:parquet", "bnn-classifier", hub_kwargs=kwargs)
+        load_dataset("hub:parquet", "multiclass", hub_kwargs=kwargs)
     with pytest.raises(DataError, match="no feature column 'nope'"):
         load_dataset(
             "hub:parquet",
-            "bnn-classifier",
+            "multiclass",
             hub_kwargs=kwargs,
             hub_feature_column="nope",
             hub_label_column="digit",
@@ -211,7 +222,7 @@ def test_failing_load_is_a_one_line_data_error(tmp_path):
     missing = str(tmp_path / "does-not-exist.parquet")
     with pytest.raises(DataError) as info:
         load_dataset(
-            "hub:parquet", "bnn-classifier", hub_kwargs=_hub_kwargs({"train": missing}, tmp_path)
+            "hub:parquet", "multiclass", hub_kwargs=_hub_kwargs({"train": missing}, tmp_path)
         )
     msg = str(info.value)
     assert msg.startswith("could not load hub dataset 'parquet': ")
@@ -223,7 +234,7 @@ def test_unreachable_hub_dataset_is_a_data_error(tmp_path):
     """Offline, an id that is not in the local cache fails like a network failure."""
     with pytest.raises(DataError, match=r"could not load hub dataset 'nobody/no-such-set': .*no network\?"):
         load_dataset(
-            "hub:nobody/no-such-set", "bnn-classifier", hub_kwargs={"cache_dir": str(tmp_path)}
+            "hub:nobody/no-such-set", "multiclass", hub_kwargs={"cache_dir": str(tmp_path)}
         )
 
 
@@ -237,4 +248,4 @@ def test_unreachable_hub_dataset_is_a_data_error(tmp_path):
 )
 def test_bad_hub_arguments(name, kwargs, needle):
     with pytest.raises(DataError, match=needle):
-        load_dataset(name, "bnn-classifier", hub_kwargs=kwargs)
+        load_dataset(name, "multiclass", hub_kwargs=kwargs)

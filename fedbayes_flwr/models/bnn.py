@@ -5,8 +5,8 @@ row-major) then the bias. Hidden layers use ReLU. ``bnn-classifier`` has a softm
 classes; ``bnn-regression`` a single output with Gaussian noise of known scale.
 
 The local free energy is estimated by Monte Carlo with the reparameterisation trick on mini-batches
-(:mod:`fedbayes_flwr.vi`); predictions average the network over posterior draws from a fixed seed,
-so every engine reports the same metrics.
+(:mod:`fedbayes_flwr.vi`); predictions average the network over the posterior's fixed-seed
+:meth:`~fedbayes_flwr.posterior.Posterior.draws`, so every engine reports the same metrics.
 
 References
 ----------
@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gaussian as G
-from .gaussian import NaturalGaussian
-from .metrics import multiclass_classification_metrics, reliability_diagram
-from .models import Model, Prediction
+from .. import gaussian as G
+from ..gaussian import NaturalGaussian
+from ..metrics import multiclass_classification_metrics, reliability_diagram
+from .base import Model, Prediction
 
-PREDICTIVE_SAMPLES = 100
-PREDICTIVE_SEED = np.array([20240, 7], dtype=np.int32)
 INIT_SEED = 12345
 INIT_STD = 0.05  # Blundell et al. (2015) start at softplus(-3) ~ 0.05
 
@@ -50,6 +48,11 @@ class BNN(Model):
         super().__init__(noise_scale)
         self.hidden = tuple(hidden)
         self.num_outputs = int(num_outputs)
+
+    @classmethod
+    def build(cls, noise_scale: float = 1.0, hidden: tuple[int, ...] = (50,),
+              num_outputs: int = 1) -> Model:
+        return cls(noise_scale, tuple(hidden), num_outputs)
 
     def layer_sizes(self, num_features: int) -> list[int]:
         return [num_features, *self.hidden, self.num_outputs]
@@ -98,30 +101,27 @@ class BNN(Model):
             parts += [rng.normal(0.0, np.sqrt(2.0 / fan_in), fan_in * fan_out), np.zeros(fan_out)]
         return G.from_moments(np.concatenate(parts), np.minimum(var, INIT_STD**2))
 
-    def _draws(self, posterior) -> np.ndarray:
-        if hasattr(posterior, "samples"):
-            return posterior.samples
-        return posterior.sample(PREDICTIVE_SEED, PREDICTIVE_SAMPLES)
-
 
 class BNNClassifier(BNN):
     """Softmax classification network."""
 
     name = "bnn-classifier"
+    target = "multiclass"
+    synthetic = "softmax"
     task = "classification"
 
-    def log_likelihood_tf(self, theta, x, y):
+    def log_likelihood_rows_tf(self, theta, x, y):
         import tensorflow as tf
         import tensorflow_probability as tfp
 
         logits = self.forward_tf(theta, x)
-        dist = tfp.distributions.Categorical(logits=logits)
-        return tf.reduce_sum(dist.log_prob(tf.cast(y, tf.int32)[None, :]), axis=1)
+        return tfp.distributions.Categorical(logits=logits).log_prob(tf.cast(y, tf.int32)[None, :])
 
     def predictive(self, posterior, x) -> Prediction:
+        """Class probabilities averaged over ``posterior.draws()``, shape ``(m, num_outputs)``."""
         import tensorflow as tf
 
-        logits = self.forward_tf(tf.constant(self._draws(posterior)), tf.constant(x))
+        logits = self.forward_tf(tf.constant(posterior.draws()), tf.constant(x))
         return Prediction(prob=tf.reduce_mean(tf.nn.softmax(logits, axis=-1), axis=0).numpy())
 
     def metrics(self, posterior, x, y):
@@ -131,21 +131,31 @@ class BNNClassifier(BNN):
 
 
 class BNNRegression(BNN):
-    """Regression network with Gaussian noise of scale ``noise-scale``."""
+    """Regression network with Gaussian noise of scale ``noise-scale`` (one output)."""
 
     name = "bnn-regression"
+    target = "real"
+    synthetic = "sine"
 
-    def log_likelihood_tf(self, theta, x, y):
-        import tensorflow as tf
+    def __init__(self, noise_scale: float = 1.0, hidden: tuple[int, ...] = (50,),
+                 num_outputs: int = 1):
+        if int(num_outputs) != 1:
+            raise ValueError(f"bnn-regression has one output, got num_outputs={num_outputs}")
+        super().__init__(noise_scale, hidden, 1)
 
+    @classmethod
+    def build(cls, noise_scale: float = 1.0, hidden: tuple[int, ...] = (50,),
+              num_outputs: int = 1) -> Model:
+        return cls(noise_scale, tuple(hidden), 1)  # num_outputs counts classes: not used here
+
+    def log_likelihood_rows_tf(self, theta, x, y):
         s2 = self.noise_scale**2
         mean = self.forward_tf(theta, x)[..., 0]
-        n = tf.cast(tf.shape(y)[0], theta.dtype)
-        return (-0.5 * tf.reduce_sum((y[None, :] - mean) ** 2, axis=1) / s2
-                - 0.5 * n * np.log(2.0 * np.pi * s2))
+        return -0.5 * (y[None, :] - mean) ** 2 / s2 - 0.5 * np.log(2.0 * np.pi * s2)
 
     def predictive(self, posterior, x) -> Prediction:
+        """Mean and variance (network spread plus noise) over ``posterior.draws()``."""
         import tensorflow as tf
 
-        f = self.forward_tf(tf.constant(self._draws(posterior)), tf.constant(x))[..., 0].numpy()
+        f = self.forward_tf(tf.constant(posterior.draws()), tf.constant(x))[..., 0].numpy()
         return Prediction(mean=f.mean(axis=0), var=f.var(axis=0) + self.noise_scale**2)

@@ -1,0 +1,245 @@
+"""The shape every algorithm family shares: a *bundle* of pure functions over NamedTuple states.
+
+A bundle (:class:`Bundle`) is what an engine needs to run a family, in-process or through Flower:
+
+* ``init_server(setup) -> server_state`` and ``init_client(setup, partition_id) -> client_state``;
+* ``requests(server_state, setup, rnd) -> {partition_id: Request}``: who gets what in this exchange
+  (every client, one client, the idle ones, every worker for an event, each agent its neighbours'
+  messages). A :class:`Request` carries an *action* tag (``"train"``, ``"evaluate"``, ...) whose
+  :class:`ActionSpec` gives the Flower message category and the templates replies are validated
+  against;
+* ``client_step(seed, client_state, request, data, setup) -> (client_state, reply, info)``;
+* ``server_step(server_state, [(partition_id, reply | Rejection)], setup, rnd) -> (state, StepInfo)``;
+* ``posterior(server_state, setup)``: the common posterior interface
+  (:class:`fedbayes_flwr.posterior.Posterior`);
+* ``check(server_state, setup, action, reply)``: the family's invariant (a precision stays positive,
+  Dirichlet parameters stay positive), run after the structural validation of
+  :func:`fedbayes_flwr.validation.check_message`, by both engines.
+
+Seeds (:func:`round_seed`, :func:`client_seed`) are stateless ``int32[2]`` arrays keyed on the run
+seed, the bundle, the update number, the partition and the attempt, never on message order, so
+every engine draws the same numbers.
+
+References
+----------
+Cabezas et al. (2024), "BlackJAX: Composable Bayesian inference in JAX" (init/step pairs over
+NamedTuple states); Babuschkin et al. (2020), Optax (init/update); Dillon et al. (2017),
+"TensorFlow Distributions" (TransitionKernel one_step / bootstrap_results).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..seeds import derive_seed
+
+CATEGORIES = ("train", "evaluate", "query")
+MODES = ("barrier", "apply-on-arrival")
+FAILURE_POLICIES = ("reject", "retry", "stop")
+
+
+class Rejection(NamedTuple):
+    """A reply the server refused (or that never came), with the field and the reason."""
+
+    partition_id: int
+    field: str
+    reason: str
+
+
+class Request(NamedTuple):
+    """One message to one client: the bundle's action tag and the message NamedTuple."""
+
+    action: str
+    message: Any
+
+
+class ActionSpec(NamedTuple):
+    """How one action travels and what its reply must look like.
+
+    Attributes
+    ----------
+    category : str
+        Flower's message category: ``train``, ``evaluate`` or ``query`` (the message type is
+        ``<category>.<bundle name>``).
+    request : NamedTuple
+        Template of the request (arrays of the expected shapes and dtypes).
+    reply : NamedTuple
+        Template of the reply.
+    allow_inf : frozenset of str
+        Reply fields (dotted, relative to the reply) where +/-inf is a valid value (a PDMC event
+        time "no event before the horizon"); NaN is never valid.
+    """
+
+    category: str
+    request: Any
+    reply: Any
+    allow_inf: frozenset = frozenset()
+
+
+class Round(NamedTuple):
+    """What an engine tells ``requests`` and ``server_step`` about the current exchange.
+
+    Attributes
+    ----------
+    number : int
+        1-based number of the server update this exchange works towards (an exchange that
+        follows an update, e.g. PVI's free-energy query, belongs to the update it follows).
+    step : int
+        0-based index of this exchange within ``number`` (several exchanges per update: gossip).
+    seed : numpy.ndarray
+        The round seed (shared by all clients: e.g. common momentum), from :func:`round_seed`.
+    idle : frozenset of int
+        Partitions with no request in flight (all of them for barrier bundles).
+    evaluate : bool
+        Whether the engine records (evaluates and writes results) once update ``number`` is
+        complete; a bundle may skip work that only serves the record (PVI's free energy).
+    """
+
+    number: int
+    step: int
+    seed: np.ndarray
+    idle: frozenset
+    evaluate: bool
+
+
+class StepInfo(NamedTuple):
+    """What a server step reports.
+
+    Attributes
+    ----------
+    updates : int
+        Algorithm updates made by this step (0 for intermediate exchanges); ``num-rounds`` and
+        ``eval-every`` count these.
+    accepted, rejected : tuple
+        Partitions whose replies were applied; :class:`Rejection` s of this step.
+    settled : bool
+        False while the update still needs follow-up exchanges before it can be recorded.
+    metrics : dict
+        Scalars for the history row (``log_marginal_likelihood``, ``prior_scale``, ...).
+    diagnostics : dict
+        Algorithm-specific diagnostics for the history row's ``diagnostics`` dict.
+    """
+
+    updates: int = 0
+    accepted: tuple = ()
+    rejected: tuple = ()
+    settled: bool = True
+    metrics: dict = {}
+    diagnostics: dict = {}
+
+
+class Setup(NamedTuple):
+    """Everything fixed for a run that every step may read: the config reaches every step.
+
+    Attributes
+    ----------
+    model : fedbayes_flwr.models.Model
+    prior : fedbayes_flwr.gaussian.NaturalGaussian
+    num_clients : int
+    num_features : int
+    run_seed : int
+    config : dataclass
+        The bundle's own config section (e.g. :class:`fedbayes_flwr.algorithms.pvi.PVIConfig`).
+    """
+
+    model: Any
+    prior: Any
+    num_clients: int
+    num_features: int
+    run_seed: int
+    config: Any
+
+
+class ClientData(NamedTuple):
+    """One client's training rows (``y`` is None for models without targets)."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+
+
+def _no_check(state, setup, action, reply):
+    return None
+
+
+def _barrier(config) -> str:
+    return "barrier"
+
+
+def _never(state, setup) -> bool:
+    return False
+
+
+def _diag_if_mean_field(config, model) -> bool:
+    return bool(model.mean_field_only)
+
+
+class Bundle(NamedTuple):
+    """One algorithm family: its pure functions and its config class (see the module docstring).
+
+    Attributes
+    ----------
+    name : str
+        A Python identifier (it routes Flower messages: ``train.<name>``), and the section name of
+        its run-config keys (``<name>.<key>``).
+    config_class : type
+        A frozen dataclass with defaults; optional ``validate(self)`` raising
+        :class:`fedbayes_flwr.errors.ConfigError`.
+    init_server, init_client, requests, client_step, server_step, posterior
+        See the module docstring.
+    actions : callable
+        ``actions(setup) -> {action: ActionSpec}``.
+    client_state_template : callable
+        ``client_state_template(setup)``: template of the client state (persisted between
+        exchanges in Flower's ``context.state``).
+    check : callable
+        ``check(server_state, setup, action, reply) -> (field, reason) | None``: invariants.
+    mode : callable
+        ``mode(config) -> "barrier" | "apply-on-arrival"``.
+    done : callable
+        ``done(server_state, setup) -> bool``, checked at evaluation points (a target ESS).
+    failure_policy : str
+        ``reject`` (go on without the reply), ``retry`` (re-send with a fresh attempt seed, up to
+        ``max-retries``, then reject) or ``stop`` (end the run with a one-line reason; results
+        are written).
+    corrupt : callable or None
+        ``corrupt(kind, reply, request) -> reply``: the ``inject-fault`` testing hook for
+        bundle-specific faults (``nan`` is generic).
+    prior_diag : callable
+        ``prior_diag(config, model) -> bool``: whether the prior is held mean-field.
+    """
+
+    name: str
+    config_class: type
+    init_server: Callable
+    init_client: Callable
+    requests: Callable
+    client_step: Callable
+    server_step: Callable
+    posterior: Callable
+    actions: Callable
+    client_state_template: Callable
+    check: Callable = _no_check
+    mode: Callable = _barrier
+    done: Callable = _never
+    failure_policy: str = "reject"
+    corrupt: Callable | None = None
+    prior_diag: Callable = _diag_if_mean_field
+
+
+def round_seed(run_seed: int, bundle: str, number: int, step: int) -> np.ndarray:
+    """The seed every client shares in exchange ``step`` of update ``number``."""
+    return derive_seed(run_seed, f"{bundle}.round", number, -1, step)
+
+
+def client_seed(run_seed: int, bundle: str, action: str, number: int, partition_id: int,
+                attempt: int = 0) -> np.ndarray:
+    """The seed of one client's work: keyed on partition and attempt (a retry draws afresh).
+
+    The ``train`` action's stream is the bundle's name itself (PVI's seeds are unchanged since
+    PVI was first written); other actions get ``<bundle>.<action>``.
+    """
+    stream = bundle if action == "train" else f"{bundle}.{action}"
+    return derive_seed(run_seed, stream, number, partition_id, attempt)

@@ -1,0 +1,105 @@
+"""The registry: every name a user can pass -> (bundle, preset).
+
+The CLI's choices, the config validation, the ServerApp and the ClientApp's message routing
+(``train.<bundle>``) are all derived from this table, so adding a family is one bundle module and
+one line in :data:`BUILTIN_MODULES` (or, for code outside this package, a module named in the
+``algorithm-modules`` run-config key that calls :func:`register` when imported: both apps import
+it, so the registration reaches the CLI subprocess, Ray actors and deployed nodes).
+
+A built-in module registers its names when imported; :func:`_load_builtins` imports them lazily.
+A built-in that cannot be imported (e.g. blocked in a test) is reported, not hidden: its names
+are absent and :func:`get` says why.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ..errors import ConfigError
+from .base import Bundle
+
+# One line per family: the module whose import registers it.
+BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi",)
+
+
+class Entry(NamedTuple):
+    """A registered name: its bundle, an optional preset (``RunConfig -> RunConfig``, fixing the
+    keys the name defines) and a one-line description (the README's algorithm table)."""
+
+    name: str
+    bundle: Bundle
+    preset: Callable | None
+    description: str
+
+
+_ENTRIES: dict[str, Entry] = {}
+_UNAVAILABLE: dict[str, str] = {}
+_loaded = False
+
+
+def register(name: str, bundle: Bundle, preset: Callable | None = None,
+             description: str = "") -> Entry:
+    """Register ``name``; re-registering the same bundle is a no-op, a clash is an error."""
+    if not bundle.name.isidentifier():
+        raise ValueError(f"bundle name {bundle.name!r} must be a Python identifier (it routes "
+                         f"Flower messages as train.<name>)")
+    old = _ENTRIES.get(name)
+    if old is not None and old.bundle.name != bundle.name:
+        raise ValueError(f"algorithm {name!r} is already registered for bundle "
+                         f"{old.bundle.name!r}")
+    entry = Entry(name, bundle, preset, description)
+    _ENTRIES[name] = entry
+    return entry
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in BUILTIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            _UNAVAILABLE[module] = str(err)
+
+
+def load_modules(spec: str) -> None:
+    """Import the comma-separated plugin modules of the ``algorithm-modules`` key."""
+    for module in (m.strip() for m in (spec or "").split(",")):
+        if not module:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"algorithm-modules: cannot import {module!r} ({err})") from None
+
+
+def names() -> tuple[str, ...]:
+    """Every registered algorithm name, in registration order."""
+    _load_builtins()
+    return tuple(_ENTRIES)
+
+
+def bundles() -> dict[str, Bundle]:
+    """``{bundle name: bundle}`` over every registered name (presets share their bundle)."""
+    _load_builtins()
+    return {e.bundle.name: e.bundle for e in _ENTRIES.values()}
+
+
+def entries() -> tuple[Entry, ...]:
+    _load_builtins()
+    return tuple(_ENTRIES.values())
+
+
+def get(name: str) -> Entry:
+    """The entry of ``name``, or :class:`ConfigError` naming the known ones."""
+    _load_builtins()
+    if name in _ENTRIES:
+        return _ENTRIES[name]
+    known = ", ".join(_ENTRIES) or "none"
+    missing = "".join(f"; {m} unavailable ({why})" for m, why in _UNAVAILABLE.items())
+    raise ConfigError(f"algorithm: unknown algorithm {name!r}; choose one of {known}{missing} "
+                      f"(or load a plugin with algorithm-modules)")

@@ -1,0 +1,214 @@
+"""Shared types, errors, constants and array helpers of :mod:`fedbayes_flwr.data`.
+
+The data package knows no model names: a model states what it needs as a target kind
+(:data:`TARGETS`), and the loaders check and convert the targets to that kind.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "DATASETS",
+    "HUB_PREFIX",
+    "TARGETS",
+    "DataError",
+    "DataWarning",
+    "Dataset",
+    "check_target",
+    "is_dataset_name",
+]
+
+DATASETS = ("breast-cancer", "diabetes", "digits", "synthetic")
+"""Names of the embedded datasets accepted by :func:`fedbayes_flwr.data.load_dataset`."""
+
+HUB_PREFIX = "hub:"
+"""Prefix of dataset names loaded from the Hugging Face Hub, e.g. ``"hub:mnist"``."""
+
+TARGETS = ("none", "real", "binary", "multiclass")
+"""Target kinds a model can need.
+
+* ``"none"``: inputs only, no targets (``y_train`` and ``y_test`` are ``None``).
+* ``"real"``: float64 real-valued regression targets.
+* ``"binary"``: int64 labels in {0, 1}.
+* ``"multiclass"``: int64 class labels ``>= 0``.
+"""
+
+_NEEDS = {
+    "none": "no targets (inputs only)",
+    "real": "real-valued targets",
+    "binary": "binary labels (0 or 1)",
+    "multiclass": "class labels (integers >= 0)",
+}
+
+
+class DataError(ValueError):
+    """Bad user data or data configuration; the message is one line saying what is wrong."""
+
+
+class DataWarning(UserWarning):
+    """Something about the data the user should know, e.g. rows held out as a test set."""
+
+
+class Dataset(NamedTuple):
+    """A train/test dataset.
+
+    Attributes
+    ----------
+    x_train : numpy.ndarray
+        Training inputs, float64 of shape ``(n, d)``.
+    y_train : numpy.ndarray or None
+        Training targets of the requested target kind (see :data:`TARGETS`): float64
+        ``(n,)`` for ``"real"``, int64 ``(n,)`` for ``"binary"`` (in {0, 1}) and
+        ``"multiclass"`` (integers ``>= 0``), ``None`` for ``"none"``.
+    x_test : numpy.ndarray
+        Test inputs, float64 of shape ``(m, d)`` with ``m >= 1``.
+    y_test : numpy.ndarray or None
+        Test targets, same conventions as `y_train`.
+    client_id : numpy.ndarray or None
+        int64 ``(n,)`` natural client id of each training row, or ``None``.
+    name : str
+        Dataset name (``"file:<basename>"`` for user files, ``"hub:<id>"`` for hub
+        datasets).
+    holdout_rows : int
+        Number of rows of the source's training data held out as the test set because
+        the source has no test set of its own (a user ``.npz`` without ``x_test``, a hub
+        dataset without a ``"test"`` split); 0 otherwise (embedded sets, synthetic
+        data, sources with their own test set). A :class:`DataWarning` reports it.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray | None
+    x_test: np.ndarray
+    y_test: np.ndarray | None
+    client_id: np.ndarray | None
+    name: str
+    holdout_rows: int = 0
+
+
+def is_dataset_name(name: str) -> bool:
+    """Whether `name` is a dataset name :func:`fedbayes_flwr.data.load_dataset` accepts.
+
+    Parameters
+    ----------
+    name : str
+        A name from :data:`DATASETS`, or ``"hub:<dataset-id>"`` with a non-empty id.
+
+    Returns
+    -------
+    bool
+        ``True`` for an embedded dataset or a hub name; whether a hub dataset exists is
+        only known when it is loaded.
+    """
+    return name in DATASETS or (name.startswith(HUB_PREFIX) and bool(name[len(HUB_PREFIX):].strip()))
+
+
+def check_target(target: str) -> str:
+    """Return `target` if it is one of :data:`TARGETS`.
+
+    Parameters
+    ----------
+    target : str
+        A target kind.
+
+    Returns
+    -------
+    str
+        `target`, unchanged.
+
+    Raises
+    ------
+    DataError
+        When `target` is not a known target kind.
+    """
+    if target not in TARGETS:
+        raise DataError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
+    return target
+
+
+def needs(target: str) -> str:
+    """What a model needing `target` needs, in words (e.g. ``"binary labels (0 or 1)"``)."""
+    return _NEEDS[target]
+
+
+def fits(provided: str, target: str) -> bool:
+    """Whether targets of kind `provided` serve a model needing `target`.
+
+    Equal kinds fit; binary labels are also valid class labels for ``"multiclass"``.
+    """
+    return provided == target or (provided == "binary" and target == "multiclass")
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def f64(a: np.ndarray) -> np.ndarray:
+    """`a` as a C-contiguous float64 array."""
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def i64(a: np.ndarray) -> np.ndarray:
+    """`a` as a C-contiguous int64 array."""
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def num_test_rows(n: int, test_fraction: float) -> int:
+    """Number of test rows: ``round(test_fraction * n)``, at least 1 on each side."""
+    return int(min(max(1, round(test_fraction * n)), n - 1))
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """First non-empty line of an exception message (or its type name), shortened."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def as_float_array(arr: np.ndarray, key: str, where: str) -> np.ndarray:
+    """`arr` as float64, all finite; `key` and `where` name it in the error message."""
+    try:
+        out = np.asarray(arr, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: key '{key}' must be numeric, got dtype {arr.dtype}") from None
+    if not np.all(np.isfinite(out)):
+        raise DataError(f"{where}: key '{key}' contains non-finite values (nan or inf)")
+    return out
+
+
+def as_x(arr: np.ndarray, key: str, where: str) -> np.ndarray:
+    """Inputs as float64 ``(n, d)`` with ``n >= 1`` (1-D input becomes one column)."""
+    x = as_float_array(arr, key, where)
+    if x.ndim == 1:
+        x = x.reshape(-1, 1)
+    if x.ndim != 2:
+        raise DataError(f"{where}: key '{key}' must be 1-D or 2-D, got shape {x.shape}")
+    if x.shape[0] == 0:
+        raise DataError(f"{where}: key '{key}' has no rows")
+    return f64(x)
+
+
+def as_y(arr: np.ndarray, key: str, where: str, target: str) -> np.ndarray:
+    """Targets as 1-D arrays of kind `target` (not ``"none"``), labels checked."""
+    y = as_float_array(arr, key, where)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise DataError(f"{where}: key '{key}' must be 1-D, got shape {y.shape}")
+    if target == "binary":
+        _check_labels(y[(y != 0) & (y != 1)], key, where, "0 or 1")
+        return i64(y)
+    if target == "multiclass":
+        _check_labels(y[(y < 0) | (y != np.floor(y))], key, where, "integers >= 0")
+        return i64(y)
+    return f64(y)
+
+
+def _check_labels(bad: np.ndarray, key: str, where: str, rule: str) -> None:
+    """Raise a DataError listing (up to 10 of) the distinct `bad` label values."""
+    bad = np.unique(bad)
+    if bad.size:
+        shown = [int(v) if float(v).is_integer() else float(v) for v in bad[:10]]
+        more = ", ..." if bad.size > 10 else ""
+        raise DataError(f"{where}: key '{key}' labels must be {rule}, found {str(shown)[:-1]}{more}]")

@@ -1,0 +1,271 @@
+"""The generic in-process engine: runs any algorithm bundle without Flower, on the same seeds.
+
+Two modes, chosen by the bundle (:attr:`fedbayes_flwr.algorithms.base.Bundle.mode`):
+
+* ``barrier``: each exchange sends the bundle's requests, collects every reply (in partition
+  order), then makes one server step;
+* ``apply-on-arrival``: every idle client gets a request; replies land on a virtual clock
+  (client ``k`` takes :func:`fedbayes_flwr.faults.client_durations` ``[k]``; ties by partition
+  id) and each is applied alone, after which ``requests`` is asked again with that client idle.
+
+The pieces the Flower glue shares (so the glue adds no maths): :func:`client_work` (one client's
+step, with fault injection), :func:`judge` (structural validation + the bundle's invariant),
+:class:`Tally` (what a history row reports) and :func:`eval_point`.
+
+Results are recorded at *evaluation points*: after every ``eval-every``-th update once the
+bundle says the update is settled, and always after the last one; ``done(state)`` and
+``max-seconds`` are checked there.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import time
+from typing import NamedTuple
+
+from .algorithms.base import Rejection, Round, client_seed, round_seed
+from .experiment import Experiment, build_experiment, payload_nbytes
+from .faults import InjectedFault, active_fault, client_durations, corrupt
+from .validation import check_message
+
+
+class RunStopped(RuntimeError):
+    """A bundle with the ``stop`` failure policy met a failure; ``reason`` is one line."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RoundLog(NamedTuple):
+    """What an engine reports about the updates since the last history row."""
+
+    metrics: dict
+    bytes_down: int
+    bytes_up: int
+    rejected: tuple
+    clients: tuple
+    virtual_time: float | None = None
+    diagnostics: dict = {}
+    exchanges: int = 0
+    outcome: str | None = None
+    retried: int = 0
+
+    @property
+    def log_marginal_likelihood(self):
+        return self.metrics.get("log_marginal_likelihood")
+
+    @property
+    def prior_scale(self):
+        return self.metrics.get("prior_scale")
+
+
+class Tally:
+    """Accumulates bytes, rejections, accepted clients and metrics between two history rows."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.down = self.up = self.exchanges = self.retried = 0
+        self.rejected: list = []
+        self.clients: list = []
+        self.metrics: dict = {}
+        self.diagnostics: dict = {}
+
+    def add(self, info) -> None:
+        self.exchanges += 1
+        self.rejected += list(info.rejected)
+        self.clients += list(info.accepted)
+        self.metrics.update(info.metrics)
+        self.diagnostics.update(info.diagnostics)
+
+    def log(self, virtual_time: float | None = None) -> RoundLog:
+        out = RoundLog(dict(self.metrics), self.down, self.up, tuple(self.rejected),
+                       tuple(self.clients), virtual_time, dict(self.diagnostics), self.exchanges,
+                       retried=self.retried)
+        self.reset()
+        return out
+
+
+def eval_point(update: int, eval_every: int, num_updates: int) -> bool:
+    """Whether the engine records once update ``update`` is complete."""
+    return update % eval_every == 0 or update >= num_updates
+
+
+def client_work(exp: Experiment, state, partition_id: int, request, number: int, attempt: int = 0):
+    """One client's step for ``request`` (update ``number``): ``(client_state, reply)``.
+
+    Applies ``inject-fault``: raises :class:`InjectedFault` for ``error``/``drop``; corrupts the
+    reply for the other kinds (the client state is kept, as a real faulty client would).
+    """
+    spec = exp.actions[request.action]
+    fault = active_fault(exp.config, number, partition_id, spec.category, attempt)
+    if fault in ("error", "drop"):
+        raise InjectedFault(fault)
+    seed = client_seed(exp.config.seed, exp.bundle.name, request.action, number, partition_id,
+                       attempt)
+    state, reply, _ = exp.bundle.client_step(seed, state, request, exp.client_data(partition_id),
+                                             exp.setup)
+    if fault:
+        reply = corrupt(exp.bundle, fault, reply, request)
+    return state, reply
+
+
+def judge(bundle, setup, actions, server_state, partition_id: int, action: str, reply):
+    """The reply, or the :class:`Rejection` it earns: the action's template (shape, dtype,
+    per-field finiteness) then the bundle's invariant. Both engines call this."""
+    spec = actions[action]
+    problem = check_message(spec.reply, reply, spec.allow_inf)
+    if problem is None:
+        problem = bundle.check(server_state, setup, action, reply)
+    return reply if problem is None else Rejection(partition_id, *problem)
+
+
+class _InProcess:
+    """Client states and the client side of the in-process engine."""
+
+    def __init__(self, exp: Experiment):
+        self.exp = exp
+        self.clients = {pid: exp.bundle.init_client(exp.setup, pid) for pid in range(exp.num_clients)}
+
+    def reply(self, server_state, pid: int, request, number: int, attempt: int, tally: Tally):
+        tally.down += payload_nbytes(request.message)
+        try:
+            self.clients[pid], reply = client_work(self.exp, self.clients[pid], pid, request,
+                                                   number, attempt)
+        except InjectedFault as err:
+            return Rejection(pid, "reply", f"client failed ({err.kind})")
+        tally.up += payload_nbytes(reply)
+        exp = self.exp
+        return judge(exp.bundle, exp.setup, exp.actions, server_state, pid, request.action, reply)
+
+
+def iterate_in_process(exp: Experiment, num_rounds: int | None = None):
+    """Yield ``(update, server_state, RoundLog)`` at every evaluation point of the run.
+
+    ``num_rounds`` overrides ``num-rounds`` (the number of server updates).
+    """
+    num_updates = num_rounds or exp.config.num_rounds
+    if exp.bundle.mode(exp.setup.config) == "apply-on-arrival":
+        yield from _iterate_on_arrival(exp, num_updates)
+    else:
+        yield from _iterate_barrier(exp, num_updates)
+
+
+def _iterate_barrier(exp: Experiment, num_updates: int):
+    bundle, setup, config = exp.bundle, exp.setup, exp.config
+    state = bundle.init_server(setup)
+    side = _InProcess(exp)
+    everyone = frozenset(range(exp.num_clients))
+    tally, t0 = Tally(), time.perf_counter()
+    update, step, settled = 0, 0, True
+    while True:
+        number = update + 1 if settled else update
+        step = 0 if settled else step + 1
+        rnd = Round(number, step, round_seed(config.seed, bundle.name, number, step), everyone,
+                    eval_point(number, config.eval_every, num_updates))
+        requests = bundle.requests(state, setup, rnd)
+        replies = {pid: side.reply(state, pid, req, number, 0, tally)
+                   for pid, req in sorted(requests.items())}
+        replies = _apply_policy(exp, state, side, requests, replies, number, tally)
+        state, info = bundle.server_step(state, sorted(replies.items()), setup, rnd)
+        update += info.updates
+        settled = info.settled
+        tally.add(info)
+        if not settled or update == 0:
+            continue
+        finished = update >= num_updates
+        if eval_point(update, config.eval_every, num_updates) or finished:
+            outcome = _outcome(exp, state, t0, finished)
+            yield update, state, tally.log()._replace(outcome=outcome)
+            if outcome is not None:
+                return
+
+
+def _apply_policy(exp, state, side, requests, replies, number, tally):
+    """Failure policy: ``retry`` re-sends failed requests with fresh attempt seeds (up to
+    ``max-retries``), ``stop`` raises :class:`RunStopped`, ``reject`` goes on."""
+    policy = exp.bundle.failure_policy
+    if policy == "retry":
+        for attempt in range(1, exp.config.max_retries + 1):
+            failed = [pid for pid, r in replies.items() if isinstance(r, Rejection)]
+            tally.retried += len(failed)
+            for pid in failed:
+                replies[pid] = side.reply(state, pid, requests[pid], number, attempt, tally)
+    if policy == "stop":
+        failed = [r for r in replies.values() if isinstance(r, Rejection)]
+        if failed:
+            r = failed[0]
+            raise RunStopped(f"update {number}: partition {r.partition_id} failed "
+                             f"({r.field}: {r.reason}); the {exp.bundle.name} bundle stops on "
+                             f"failures")
+    return replies
+
+
+def _outcome(exp, state, t0, finished) -> str | None:
+    """None to go on, else why the run ends here: completed, done, or time limit."""
+    if finished:
+        return "completed"
+    if exp.bundle.done(state, exp.setup):
+        return "done"
+    if exp.config.max_seconds and time.perf_counter() - t0 >= exp.config.max_seconds:
+        return "time-limit"
+    return None
+
+
+def _iterate_on_arrival(exp: Experiment, num_updates: int):
+    bundle, setup, config = exp.bundle, exp.setup, exp.config
+    durations = client_durations(config, exp.num_clients)
+    state = bundle.init_server(setup)
+    side = _InProcess(exp)
+    tally, t0 = Tally(), time.perf_counter()
+    idle = set(range(exp.num_clients))
+    queue: list = []
+    update, now = 0, 0.0
+    while True:
+        number = update + 1
+        rnd = Round(number, 0, round_seed(config.seed, bundle.name, number, 0), frozenset(idle),
+                    eval_point(number, config.eval_every, num_updates))
+        for pid, req in sorted(bundle.requests(state, setup, rnd).items()):
+            reply = side.reply(state, pid, req, number, 0, tally)
+            heapq.heappush(queue, (now + durations[pid], pid, req.action, reply))
+            idle.discard(pid)
+        if not queue:
+            raise RuntimeError(f"bundle {bundle.name!r} sent no request with every client idle")
+        now, pid, action, reply = heapq.heappop(queue)
+        idle.add(pid)
+        if not isinstance(reply, Rejection):  # judged again against the state it lands on
+            reply = judge(bundle, setup, exp.actions, state, pid, action, reply)
+        state, info = bundle.server_step(state, [(pid, reply)], setup, rnd)
+        update += info.updates
+        tally.add(info)
+        if info.updates == 0:
+            continue
+        finished = update >= num_updates
+        if eval_point(update, config.eval_every, num_updates) or finished:
+            outcome = _outcome(exp, state, t0, finished)
+            yield update, state, tally.log(float(now))._replace(outcome=outcome)
+            if outcome is not None:
+                return
+
+
+def run_in_process(config, output_dir: str | None = None, progress: bool = True) -> dict:
+    """Run any registered algorithm without Flower; same seeds, same maths, same result files.
+
+    Returns the ``result.json`` content.
+    """
+    from .recorder import Recorder
+
+    exp = build_experiment(config)
+    recorder = Recorder(exp, "in-process", output_dir, progress)
+    try:
+        for update, state, log in iterate_in_process(exp):
+            recorder.record(update, exp.bundle.posterior(state, exp.setup), log)
+        recorder.finish()
+    except RunStopped as err:
+        recorder.stop(err.reason)
+    with open(os.path.join(recorder.output_dir, "result.json")) as f:
+        return json.load(f)

@@ -1,0 +1,277 @@
+"""The :class:`Model` base class: a log-likelihood over a parameter vector ``theta``.
+
+A model implements one TensorFlow method, :meth:`Model.log_likelihood_rows_tf` (the per-row
+log-likelihood, ``theta`` of shape ``(S, P)`` -> ``(S, n)``), plus its predictive. Everything a
+sampler or an optimiser needs is written once here on top of it:
+
+* :meth:`Model.log_likelihood_tf`: the row sum, ``(S,)`` (Monte-Carlo VI),
+* :meth:`Model.log_prior_tf`: the Gaussian prior's log density at each row of ``theta``,
+* :meth:`Model.log_density_and_grad`: a compiled, batched ``data_scale * log p(y | theta) +
+  log p(theta)`` and its gradient for ``S`` parameter vectors at once (particles, chains),
+* :meth:`Model.per_datum_grads`: gradients of selected rows' log-likelihoods (SGLD, PDMC rate
+  bounds), without building the full ``n x P`` array,
+* :meth:`Model.metrics`: test metrics from the predictive.
+
+Predictives use the posterior protocol of :mod:`fedbayes_flwr.posterior` only.
+
+Class attributes
+----------------
+``name``
+    Registry name (see :data:`fedbayes_flwr.models.MODELS`).
+``target``
+    Kind of target: ``"none"`` (no ``y``), ``"real"``, ``"binary"`` or ``"multiclass"``.
+``synthetic``
+    Synthetic data generator matching the model: ``"gaussian-mean"``, ``"linear"``,
+    ``"logistic"``, ``"softmax"`` or ``"sine"``.
+``deterministic_expectations``
+    ``True`` when the model has an exact or quadrature ``expected_log_likelihood_tf(m1, m2, x, y)``
+    in q's mean parameters (conjugate models, logistic regression), ``False`` otherwise.
+``conjugate``, ``has_targets``, ``task``, ``mean_field_only``
+    As before: closed-form factor, whether ``y`` exists, ``"regression"`` or
+    ``"classification"``, whether only diagonal Gaussians are supported.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from .. import gaussian as G
+from ..gaussian import NaturalGaussian
+from ..metrics import binary_classification_metrics, regression_metrics, reliability_diagram
+
+if TYPE_CHECKING:
+    from ..posterior import Posterior
+
+TARGETS = ("none", "real", "binary", "multiclass")
+SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine")
+FREE_ENERGY_SAMPLES = 64
+FREE_ENERGY_SEED = np.array([1618, 33], dtype=np.int32)
+
+
+class Prediction(NamedTuple):
+    """Predictive output on test inputs: ``mean``/``var`` (regression) or ``prob`` (classification)."""
+
+    mean: np.ndarray | None = None
+    var: np.ndarray | None = None
+    prob: np.ndarray | None = None
+
+
+def _data_tensors(x, y):
+    """``x`` and ``y`` as float64 tensors; a missing ``y`` becomes a zeros placeholder."""
+    import tensorflow as tf
+
+    x_t = tf.convert_to_tensor(np.asarray(x, dtype=np.float64))
+    if y is None:
+        return x_t, tf.zeros([x_t.shape[0]], tf.float64)
+    return x_t, tf.convert_to_tensor(np.asarray(y, dtype=np.float64))
+
+
+class Model:
+    """Base class of every model; see the module docstring.
+
+    Parameters
+    ----------
+    noise_scale : float, default 1.0
+        Known observation noise scale of the Gaussian likelihoods (ignored by classifiers).
+    """
+
+    name = ""
+    target = "real"
+    synthetic = ""
+    deterministic_expectations = False
+    conjugate = False
+    has_targets = True
+    task = "regression"
+    mean_field_only = False
+
+    def __init__(self, noise_scale: float = 1.0):
+        if not noise_scale > 0:
+            raise ValueError(f"noise-scale must be > 0, got {noise_scale}")
+        self.noise_scale = float(noise_scale)
+        self._compiled: dict[str, object] = {}
+
+    @classmethod
+    def build(cls, noise_scale: float = 1.0, hidden: tuple[int, ...] = (50,),
+              num_outputs: int = 1) -> Model:
+        """Construct from the registry's common options (``hidden``/``num_outputs``: BNNs only)."""
+        return cls(noise_scale)
+
+    def param_dim(self, num_features: int) -> int:
+        return num_features
+
+    def prior(self, num_features: int, prior_scale: float, diag: bool) -> NaturalGaussian:
+        """The prior ``N(0, prior_scale^2 I)`` in natural parameters."""
+        if not prior_scale > 0:
+            raise ValueError(f"prior-scale must be > 0, got {prior_scale}")
+        p = self.param_dim(num_features)
+        var = np.full(p, prior_scale**2)
+        return G.from_moments(np.zeros(p), var if diag else np.diag(var))
+
+    def likelihood_factor(self, x, y) -> NaturalGaussian | None:
+        return None
+
+    def local_init(self, q: NaturalGaussian, num_features: int) -> NaturalGaussian:
+        """Where a local optimisation starts (the broadcast posterior, for convex models)."""
+        return q
+
+    # ---- log densities (TensorFlow, float64) ------------------------------------------------
+
+    def log_likelihood_rows_tf(self, theta, x, y):
+        """Per-row log-likelihood ``log p(y_i | theta_s, x_i)``, shape ``(S, n)``.
+
+        ``theta`` is ``(S, P)``; each row of ``theta`` must be evaluated independently of the
+        others (the batched gradient relies on it). ``y`` is a float64 ``(n,)`` tensor (zeros for
+        models without targets).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement log_likelihood_rows_tf")
+
+    def log_likelihood_tf(self, theta, x, y=None):
+        """``sum_i log p(y_i | theta_s, x_i)``, shape ``(S,)``."""
+        import tensorflow as tf
+
+        if y is None:
+            y = tf.zeros([tf.shape(x)[0]], theta.dtype)
+        return tf.reduce_sum(self.log_likelihood_rows_tf(theta, x, y), axis=1)
+
+    def log_prior_tf(self, theta, prior: NaturalGaussian):
+        """Log density of the Gaussian ``prior`` (diagonal or full) at each row of ``theta``.
+
+        Parameters
+        ----------
+        theta : tf.Tensor or numpy.ndarray
+            ``(S, P)`` float64.
+        prior : NaturalGaussian
+            A proper Gaussian over ``P`` parameters.
+
+        Returns
+        -------
+        tf.Tensor
+            ``(S,)`` float64.
+        """
+        return G.to_tfp(prior).log_prob(theta)
+
+    def _log_density_fn(self):
+        if "log_density" not in self._compiled:
+            import tensorflow as tf
+
+            @tf.function(reduce_retracing=True)
+            def log_density(theta, x, y, data_scale, prior_dist):
+                with tf.GradientTape() as tape:
+                    tape.watch(theta)
+                    value = data_scale * self.log_likelihood_tf(theta, x, y)
+                    if prior_dist is not None:
+                        value = value + prior_dist.log_prob(theta)
+                # rows of theta are independent, so d(sum of values)/d theta is per-row
+                return value, tape.gradient(value, theta)
+
+            self._compiled["log_density"] = log_density
+        return self._compiled["log_density"]
+
+    def log_density_and_grad(self, theta, x, y, prior: NaturalGaussian | None = None,
+                             data_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """Unnormalised log posterior density and its gradient for a batch of parameter vectors.
+
+        Computes ``f(theta_s) = data_scale * sum_i log p(y_i | theta_s, x_i) + log p(theta_s)``
+        (the prior term only when ``prior`` is given) with a compiled ``tf.function``.
+
+        Parameters
+        ----------
+        theta : numpy.ndarray
+            ``(S, P)`` parameter vectors (particles, chains); a ``(P,)`` vector is treated as
+            ``S = 1``.
+        x, y : numpy.ndarray
+            Data; ``y`` may be ``None`` for models without targets.
+        prior : NaturalGaussian, optional
+            Gaussian prior (diagonal or full).
+        data_scale : float, default 1.0
+            Multiplies the log-likelihood (e.g. ``N / batch_size`` for mini-batches).
+
+        Returns
+        -------
+        values : numpy.ndarray
+            ``(S,)``.
+        grads : numpy.ndarray
+            ``(S, P)``, ``d f / d theta_s``.
+        """
+        import tensorflow as tf
+
+        theta = np.asarray(theta, dtype=np.float64)
+        single = theta.ndim == 1
+        theta_t = tf.convert_to_tensor(np.atleast_2d(theta))
+        x_t, y_t = _data_tensors(x, y)
+        prior_dist = None if prior is None else G.to_tfp(prior)
+        value, grad = self._log_density_fn()(theta_t, x_t, y_t,
+                                             tf.constant(data_scale, tf.float64), prior_dist)
+        value, grad = value.numpy(), grad.numpy()
+        return (value[0], grad[0]) if single else (value, grad)
+
+    def _per_datum_fn(self):
+        if "per_datum" not in self._compiled:
+            import tensorflow as tf
+
+            @tf.function(reduce_retracing=True)
+            def per_datum(theta, x, y):
+                with tf.GradientTape() as tape:
+                    tape.watch(theta)
+                    rows = self.log_likelihood_rows_tf(theta[None, :], x, y)[0]
+                return tape.jacobian(rows, theta)
+
+            self._compiled["per_datum"] = per_datum
+        return self._compiled["per_datum"]
+
+    def per_datum_grads(self, theta, x, y, idx) -> np.ndarray:
+        """Gradients of the selected rows' log-likelihoods, ``d log p(y_i | theta, x_i) / d theta``.
+
+        Only the rows ``idx`` are evaluated (a Jacobian of ``len(idx)`` outputs), so the
+        ``n x P`` array is never built for a subset.
+
+        Parameters
+        ----------
+        theta : numpy.ndarray
+            ``(P,)`` one parameter vector.
+        x, y : numpy.ndarray
+            The full local data (``y`` may be ``None`` for models without targets).
+        idx : array_like of int
+            Row indices, ``(k,)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(k, P)``, row ``j`` the gradient for datum ``idx[j]``.
+        """
+        import tensorflow as tf
+
+        theta = np.asarray(theta, dtype=np.float64)
+        if theta.ndim != 1:
+            raise ValueError(f"theta must have shape (P,), got {theta.shape}")
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if idx.size == 0:
+            return np.zeros((0, theta.shape[0]))
+        x_sel = np.asarray(x)[idx]
+        y_sel = None if y is None else np.asarray(y)[idx]
+        x_t, y_t = _data_tensors(x_sel, y_sel)
+        return self._per_datum_fn()(tf.convert_to_tensor(theta), x_t, y_t).numpy()
+
+    # ---- expectations, predictive, metrics --------------------------------------------------
+
+    def expected_log_likelihood(self, q: Posterior, x, y) -> float:
+        """Monte-Carlo ``E_q[log p(y | theta)]`` from a fixed seed (models without a closed form)."""
+        import tensorflow as tf
+
+        theta = tf.constant(q.sample(FREE_ENERGY_SEED, FREE_ENERGY_SAMPLES))
+        x_t, y_t = _data_tensors(x, y)
+        return float(tf.reduce_mean(self.log_likelihood_tf(theta, x_t, y_t)))
+
+    def predictive(self, posterior: Posterior, x) -> Prediction:
+        """Posterior predictive on test inputs ``x``, from the posterior protocol only."""
+        raise NotImplementedError(f"{type(self).__name__} must implement predictive")
+
+    def metrics(self, posterior: Posterior, x, y) -> tuple[dict[str, float], dict | None]:
+        """Test metrics and, for classifiers, reliability-diagram data."""
+        pred = self.predictive(posterior, x)
+        if self.task == "classification":
+            return binary_classification_metrics(pred.prob, y), reliability_diagram(pred.prob, y)
+        target = x if y is None else y
+        return regression_metrics(pred.mean, pred.var, target), None

@@ -1,0 +1,49 @@
+"""The model registry: one line per model class.
+
+Adding a model = one :class:`~fedbayes_flwr.models.base.Model` subclass (with ``name``, ``target``,
+``synthetic``, ``deterministic_expectations``, ``log_likelihood_rows_tf`` and ``predictive``) and
+one entry in ``_CLASSES``; :data:`MODELS`, the CLI choices and the parametrised model tests follow.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .. import gaussian as G
+from ..gaussian import NaturalGaussian
+from .base import Model
+from .bnn import BNNClassifier, BNNRegression
+from .linear import GaussianMean, LinearRegression, LogisticRegression
+
+_CLASSES: dict[str, type[Model]] = {
+    cls.name: cls
+    for cls in (GaussianMean, LinearRegression, LogisticRegression, BNNClassifier, BNNRegression)
+}
+MODELS: tuple[str, ...] = tuple(_CLASSES)
+
+
+def model_class(name: str) -> type[Model]:
+    """The class registered as ``name`` (see :data:`MODELS`), without building it."""
+    try:
+        return _CLASSES[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
+
+
+@functools.cache
+def make_model(name: str, noise_scale: float = 1.0, hidden: tuple[int, ...] = (50,),
+               num_outputs: int = 1) -> Model:
+    """The model called ``name`` (see :data:`MODELS`); one shared instance per arguments, so the
+    compiled local optimiser and log density are traced once per model, not once per call.
+
+    ``hidden`` (hidden-layer widths) and ``num_outputs`` (classes) apply to the BNN models only.
+    """
+    return model_class(name).build(noise_scale, tuple(hidden), num_outputs)
+
+
+def exact_posterior(model: Model, prior: NaturalGaussian, x, y) -> NaturalGaussian:
+    """Exact posterior of a conjugate model on the pooled data (full covariance)."""
+    factor = model.likelihood_factor(x, y)
+    if factor is None:
+        raise ValueError(f"model {model.name!r} has no closed-form posterior")
+    return G.add(G.like(factor, prior), factor)

@@ -1,0 +1,302 @@
+"""The generic Flower strategy: runs any algorithm bundle over the Grid. Transport only.
+
+:class:`BundleStrategy` owns what every family needs from Flower: the node <-> partition map
+(asked once, :func:`strategies.nodes.partition_map`), encoding requests and decoding replies
+(:mod:`fedbayes_flwr.codec`), validating them with the library's own
+:func:`fedbayes_flwr.engine.judge` (the in-process engine runs the same check), logging and
+counting rejections, byte accounting, the failure policy, and recording at evaluation points.
+Its :meth:`BundleStrategy.start` drives
+
+* ``barrier`` bundles with ``grid.send_and_receive`` (one call per exchange), and
+* ``apply-on-arrival`` bundles (asynchronous PVI, event-based samplers) with
+  ``grid.push_messages`` / ``grid.pull_messages``: each reply is applied the moment it is pulled
+  and the freed client gets its next request at once.
+
+Each request travels as ``<category>.<bundle>`` (``train.pvi``) with the action, the update
+number and the attempt in its ConfigRecord (the client derives its seed from them), so one
+ClientApp serves every bundle. Named strategies (:class:`strategies.PVIStrategy`, ...) are thin
+subclasses that build the bundle's :class:`~fedbayes_flwr.algorithms.base.Setup`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from fedbayes_flwr import codec
+from fedbayes_flwr.algorithms.base import Rejection, Round, round_seed
+from fedbayes_flwr.engine import RoundLog, RunStopped, Tally, eval_point, judge
+from fedbayes_flwr.experiment import payload_nbytes
+
+from .nodes import partition_map
+
+POLL_S = 0.002
+
+
+def message_type(category: str, bundle_name: str) -> str:
+    return f"{category}.{bundle_name}"
+
+
+class BundleStrategy(Strategy):
+    """Any algorithm bundle as a Flower strategy.
+
+    Parameters
+    ----------
+    bundle : fedbayes_flwr.algorithms.base.Bundle
+    setup : fedbayes_flwr.algorithms.base.Setup
+        Model, prior, number of partitions, run seed and the bundle's config section.
+    eval_every : int
+        Record every ``eval_every`` server updates (and always after the last).
+    max_seconds : float
+        Stop at the first evaluation point after this many seconds (0: no limit).
+    max_retries : int
+        Re-sends per failed request for bundles with the ``retry`` failure policy.
+    """
+
+    def __init__(self, bundle, setup, *, eval_every: int = 1, max_seconds: float = 0.0,
+                 max_retries: int = 2):
+        self.bundle, self.setup = bundle, setup
+        self.actions = bundle.actions(setup)
+        self.state = bundle.init_server(setup)
+        self.num_clients = setup.num_clients
+        self.run_seed = setup.run_seed
+        self.eval_every, self.max_seconds, self.max_retries = eval_every, max_seconds, max_retries
+        self.nodes: dict[int, int] | None = None
+        self.partition_of: dict[int, int] = {}
+        self.round_logs: dict[int, RoundLog] = {}
+        self.outcome: str | None = None
+        self._tally = Tally()
+        self._update, self._step, self._settled = 0, 0, True
+        self._pending: dict[int, tuple] = {}
+        self._num_updates = 1
+        self._rnd: Round | None = None
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def posterior(self):
+        """The current posterior (:class:`fedbayes_flwr.posterior.Posterior`)."""
+        return self.bundle.posterior(self.state, self.setup)
+
+    def posterior_arrays(self) -> ArrayRecord:
+        """Posterior mean and standard deviation as an ``ArrayRecord`` (Flower's ``Result``)."""
+        post = self.posterior
+        return ArrayRecord({"mean": Array(post.mean()), "std": Array(post.std())})
+
+    def initial_arrays(self) -> ArrayRecord:
+        return self.posterior_arrays()
+
+    def _node_map(self, grid: Grid) -> dict[int, int]:
+        if self.nodes is None:
+            self.nodes = partition_map(grid, self.num_clients)
+            self.partition_of = {node: pid for pid, node in self.nodes.items()}
+        return self.nodes
+
+    def _next_round(self, idle: frozenset) -> Round:
+        number = self._update + 1 if self._settled else self._update
+        self._step = 0 if self._settled else self._step + 1
+        return Round(number, self._step, round_seed(self.run_seed, self.bundle.name, number,
+                                                    self._step),
+                     idle, eval_point(number, self.eval_every, self._num_updates))
+
+    def _encode(self, grid: Grid, pid: int, request, number: int, attempt: int) -> Message:
+        nodes = self._node_map(grid)
+        spec = self.actions[request.action]
+        self._tally.down += payload_nbytes(request.message)
+        content = codec.encode(request.message, f"{self.bundle.name}.{request.action}",
+                               {"action": request.action, "round": number, "attempt": attempt})
+        return Message(content, dst_node_id=nodes[pid],
+                       message_type=message_type(spec.category, self.bundle.name))
+
+    def _decode(self, pid: int, action: str, reply: Message | None):
+        """The reply's message, or the :class:`Rejection` it earns (logged)."""
+        if reply is None:
+            out = Rejection(pid, "reply", "no reply before the timeout")
+        elif reply.has_error():
+            out = Rejection(pid, "reply", f"client error: {reply.error.reason}")
+        else:
+            self._tally.up += codec.received_nbytes(reply.content)
+            spec = self.actions[action]
+            try:
+                message = codec.decode(reply.content, f"{self.bundle.name}.{action}.reply",
+                                       spec.reply, spec.allow_inf)
+            except codec.CodecError as err:
+                out = Rejection(pid, err.field, err.reason)
+            else:
+                out = judge(self.bundle, self.setup, self.actions, self.state, pid, action,
+                            message)
+        if isinstance(out, Rejection):
+            log(WARNING, "%s: rejected reply of partition %s (node %s), field %s: %s",
+                self.bundle.name, pid, (self.nodes or {}).get(pid), out.field, out.reason)
+        return out
+
+    def _by_partition(self, replies: Iterable[Message]) -> dict[int, Message]:
+        out = {}
+        for reply in replies:
+            pid = self.partition_of.get(reply.metadata.src_node_id)
+            if pid is None or pid not in self._pending:
+                log(WARNING, "%s: ignoring a reply from unexpected node %s", self.bundle.name,
+                    reply.metadata.src_node_id)
+                continue
+            out[pid] = reply
+        return out
+
+    # ------------------------------------------------------------------ one exchange
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The messages of the next exchange (for Flower's own round loop; :meth:`start` uses
+        the same path)."""
+        self._rnd = self._next_round(frozenset(range(self.num_clients)))
+        requests = self.bundle.requests(self.state, self.setup, self._rnd)
+        self._pending = {pid: (req, 0) for pid, req in sorted(requests.items())}
+        return [self._encode(grid, pid, req, self._rnd.number, 0)
+                for pid, (req, _) in self._pending.items()]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        """Decode, validate and apply the exchange's replies (one server step)."""
+        got = self._by_partition(replies)
+        decoded = {pid: self._decode(pid, req.action, got.get(pid))
+                   for pid, (req, _) in self._pending.items()}
+        self._apply(decoded)
+        return self.posterior_arrays(), MetricRecord({
+            "rejected-replies": sum(isinstance(r, Rejection) for r in decoded.values())})
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """A follow-up exchange when the last step left the update unsettled, else nothing."""
+        return [] if self._settled else self.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        if not self._pending:
+            return None
+        return self.aggregate_train(server_round, replies)[1]
+
+    def _apply(self, decoded: dict) -> None:
+        self._pending = {}
+        self.state, info = self.bundle.server_step(self.state, sorted(decoded.items()),
+                                                   self.setup, self._rnd)
+        self._update += info.updates
+        self._settled = info.settled
+        self._tally.add(info)
+        self._last_updates = info.updates
+
+    def _retry_or_stop(self, grid: Grid, decoded: dict, timeout: float) -> dict:
+        policy = self.bundle.failure_policy
+        if policy == "retry":
+            for attempt in range(1, self.max_retries + 1):
+                failed = [pid for pid, r in decoded.items() if isinstance(r, Rejection)]
+                if not failed:
+                    break
+                self._tally.retried += len(failed)
+                messages = [self._encode(grid, pid, self._requests[pid], self._rnd.number,
+                                         attempt) for pid in failed]
+                got = self._by_partition(grid.send_and_receive(messages, timeout=timeout))
+                for pid in failed:
+                    decoded[pid] = self._decode(pid, self._requests[pid].action, got.get(pid))
+        if policy == "stop":
+            failed = [r for r in decoded.values() if isinstance(r, Rejection)]
+            if failed:
+                r = failed[0]
+                raise RunStopped(f"update {self._rnd.number}: partition {r.partition_id} failed "
+                                 f"({r.field}: {r.reason}); the {self.bundle.name} bundle "
+                                 f"stops on failures")
+        return decoded
+
+    # ------------------------------------------------------------------ the drivers
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              ) -> Result:
+        """Run ``num_rounds`` server updates; ``evaluate_fn(update, arrays)`` at each evaluation
+        point (every ``eval_every`` updates and after the last), with
+        ``self.round_logs[update]`` holding what happened since the previous one.
+
+        Raises :class:`fedbayes_flwr.engine.RunStopped` when a ``stop``-policy bundle fails.
+        """
+        self.summary()
+        self._num_updates = num_rounds
+        self._t0 = time.monotonic()
+        result = Result()
+        if self.bundle.mode(self.setup.config) == "apply-on-arrival":
+            self._run_on_arrival(grid, timeout, evaluate_fn, result)
+        else:
+            self._run_barrier(grid, timeout, evaluate_fn, result)
+        log(INFO, "%s: %d updates in %.2fs (%s)", self.bundle.name, self._update,
+            time.monotonic() - self._t0, self.outcome)
+        return result
+
+    def _record(self, evaluate_fn, result: Result, virtual_time: float | None = None) -> bool:
+        """At an evaluation point: log, call ``evaluate_fn``; True when the run ends here."""
+        finished = self._update >= self._num_updates
+        if not (eval_point(self._update, self.eval_every, self._num_updates) or finished):
+            return False
+        if finished:
+            self.outcome = "completed"
+        elif self.bundle.done(self.state, self.setup):
+            self.outcome = "done"
+        elif self.max_seconds and time.monotonic() - self._t0 >= self.max_seconds:
+            self.outcome = "time-limit"
+        self.round_logs[self._update] = self._tally.log(virtual_time)._replace(
+            outcome=self.outcome)
+        arrays = self.posterior_arrays()
+        result.arrays = arrays
+        if evaluate_fn is not None:
+            evaluate_fn(self._update, arrays)
+        return self.outcome is not None
+
+    def _run_barrier(self, grid: Grid, timeout: float, evaluate_fn, result: Result) -> None:
+        while True:
+            messages = self.configure_train(self._update, ArrayRecord(), ConfigRecord(), grid)
+            self._requests = {pid: req for pid, (req, _) in self._pending.items()}
+            got = self._by_partition(grid.send_and_receive(messages, timeout=timeout))
+            decoded = {pid: self._decode(pid, req.action, got.get(pid))
+                       for pid, req in self._requests.items()}
+            self._apply(self._retry_or_stop(grid, decoded, timeout))
+            if self._settled and self._last_updates and self._record(evaluate_fn, result):
+                return
+
+    def _run_on_arrival(self, grid: Grid, timeout: float, evaluate_fn, result: Result) -> None:
+        in_flight: dict[str, tuple[int, object]] = {}  # message id -> (partition, request)
+        idle = set(range(self.num_clients))
+        last_arrival = time.monotonic()
+        while True:
+            self._rnd = self._next_round(frozenset(idle))
+            requests = self.bundle.requests(self.state, self.setup, self._rnd)
+            for pid, req in sorted(requests.items()):
+                (mid,) = grid.push_messages([self._encode(grid, pid, req, self._rnd.number, 0)])
+                in_flight[mid] = (pid, req)
+                idle.discard(pid)
+            if not in_flight:
+                raise RuntimeError(f"bundle {self.bundle.name!r} sent no request with every "
+                                   f"client idle")
+            replies = []
+            while not replies:
+                replies = list(grid.pull_messages(list(in_flight)))
+                if not replies:
+                    if time.monotonic() - last_arrival > timeout:
+                        waiting = sorted(p for p, _ in in_flight.values())
+                        raise TimeoutError(f"{self.bundle.name}: no reply for {timeout} s "
+                                           f"(waiting on partitions {waiting})")
+                    time.sleep(POLL_S)
+            last_arrival = time.monotonic()
+            # apply ONE reply (the lowest partition among those pulled); the rest stay queued
+            replies.sort(key=lambda r: in_flight[r.metadata.reply_to_message_id][0])
+            reply = replies[0]
+            pid, req = in_flight.pop(reply.metadata.reply_to_message_id)
+            idle.add(pid)
+            self._pending = {pid: (req, 0)}
+            self._apply({pid: self._decode(pid, req.action, reply)})
+            if self._last_updates and self._record(evaluate_fn, result,
+                                                   round(time.monotonic() - self._t0, 4)):
+                return
+
+    def summary(self) -> None:
+        log(INFO, "\t├── %s: %d partitions, seed %s", self.bundle.name, self.num_clients,
+            self.run_seed)
+        log(INFO, "\t└── config: %s", self.setup.config)
