@@ -9,7 +9,8 @@ parameters) on scikit-learn's 8x8 digits (1437 training / 360 test rows, 10 clas
 * ``pathological``: ``partition = pathological`` with ``partition-classes = 2`` (each client holds
   exactly two digits).
 
-On each split it runs, in-process and with the same local optimiser settings (``SHARED``):
+On each split it runs, in-process and with the same local optimiser settings (``SHARED``: Adam,
+named explicitly although ``local-optimiser = auto`` also picks Adam for a BNN):
 
 * PVI synchronous (``R`` rounds x 10 clients), sequential and asynchronous (``10 R`` single-client
   updates each; asynchronous with clients 8 and 9 as 5x stragglers), with damping per schedule
@@ -34,30 +35,22 @@ Results: ``benchmarks/results/bnn_digits.json`` (rewritten after every run) and
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
-import platform
 import sys
-import tempfile
-import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+import common  # first: environment and sys.path
 
-
-from fedbayes_flwr import bnn  # noqa: E402
-from fedbayes_flwr.config import parse_run_config  # noqa: E402
-from fedbayes_flwr.experiment import run_in_process, write_json  # noqa: E402
-from fedbayes_flwr.plots import plot_curves  # noqa: E402
+from fedbayes_flwr.models import INIT_STD
+from fedbayes_flwr.plots import plot_curves
 
 NAME = "bnn_digits"
-NUM_CLIENTS = 10
+NUM_CLIENTS = common.NUM_CLIENTS
 ACCURACY_TOLERANCE = 0.01  # "within 1 accuracy point of global VI"
 STRAGGLERS = "8,9"
-# Local optimiser and model settings shared by every method.
+# Local optimiser and model settings shared by every method (PVI's keys bare: they resolve to
+# the pvi section, pvi.local-steps, ...).
 SHARED = {"dataset": "digits", "model": "bnn-classifier", "hidden-layers": "50",
-          "covariance": "auto", "num-clients": NUM_CLIENTS, "prior-scale": 1.0,
+          "covariance": "auto", "num-clients": NUM_CLIENTS, "prior-scale": 1.0, **common.ADAM,
           "local-steps": 500, "learning-rate": 0.01, "mc-samples": 10, "batch-size": 64}
 # split -> run-config keys of the split
 SPLITS = {
@@ -112,51 +105,20 @@ def curve(history: list[dict], method: str) -> list[dict]:
     Global VI has one (pooled) client; its round ``r`` is put at ``10 r`` client updates, the same
     local-optimisation budget per round as a synchronous PVI round.
     """
-    per_round = METHODS[method][3] or NUM_CLIENTS
-    rows = []
-    for h in history:
-        row = {k: h.get(k) for k in CURVE_KEYS if k in h}
-        row["client_updates"] = h["round"] * per_round
-        rows.append(row)
-    return rows
+    return common.curve(history, METHODS[method][3] or NUM_CLIENTS, CURVE_KEYS,
+                        skip_missing=True)
 
 
-def health(rows: list[dict]) -> dict:
-    nll = [r["test_nll"] for r in rows]
-    finite = all(v is not None and math.isfinite(v) for v in nll)
-    acc = [r["test_accuracy"] for r in rows]
-    return {"rejected_replies": int(sum(r.get("rejected_replies") or 0 for r in rows)),
-            "all_finite": finite,
-            "best_test_accuracy": max(acc), "best_test_nll": min(nll) if finite else None}
-
-
-class Results:
-    """The JSON document, rewritten atomically after every run."""
-
-    def __init__(self, path: str, meta: dict):
-        self.path = path
-        self.doc = {**meta, "runs": {}, "final": {}, "acceptance": None}
-        self.write()
-
-    def write(self) -> None:
-        write_json(self.path, self.doc)
-
-
-def run_method(method: str, split: str, args, results: Results) -> dict:
+def run_method(method: str, split: str, args, results: common.Results) -> dict:
     if METHODS[method][0] == "global-vi":  # pooled data: independent of the split
-        for other, runs in results.doc["runs"].items():
-            if other != split and method in runs:
-                return {**runs[method], "reused_from_split": other}
+        shared = common.reused(results.doc["runs"], split, method, "reused_from_split")
+        if shared is not None:
+            return shared
     out = os.path.join(args.work_dir, split, method)
-    cfg = run_config(method, split, args.rounds, args.seed, out, args.shared)
-    load = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    result = run_in_process(parse_run_config(cfg), progress=False)
-    wall = time.perf_counter() - t0
+    result, record = common.timed_run(
+        run_config(method, split, args.rounds, args.seed, out, args.shared))
     rows = curve(result["history"], method)
-    return {"run_config": result["run_config"], "wall_s": round(wall, 2),
-            "load_avg_1min_before": round(load, 2), "output_dir": out,
-            "health": health(rows), "curve": rows}
+    return {**record, "health": common.health(rows), "curve": rows}
 
 
 def final_row(run: dict) -> dict:
@@ -202,43 +164,33 @@ def combine_png(paths: list[str], out: str) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: 2 rounds, 100 local steps, results in a temp dir")
-    p.add_argument("--rounds", type=int, default=None, help="R (default 10; 2 with --quick)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--splits", nargs="+", choices=list(SPLITS), default=list(SPLITS))
-    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
-    p.add_argument("--results-dir", default=None)
-    p.add_argument("--work-dir", default=None, help="run outputs (default: a temp dir)")
-    args = p.parse_args(argv)
-    args.rounds = args.rounds or (2 if args.quick else 10)
+def parse_args(argv=None):
+    parser = common.argument_parser(
+        __doc__, quick_help="smoke test: 2 rounds, 100 local steps, results in a temp dir",
+        rounds_help="R (default 10; 2 with --quick)")
+    parser.add_argument("--splits", nargs="+", choices=list(SPLITS), default=list(SPLITS))
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    args = common.resolve_common_args(parser.parse_args(argv), NAME)
     args.shared = dict(SHARED)
     if args.quick:
         args.shared["local-steps"] = 100
-    args.work_dir = args.work_dir or tempfile.mkdtemp(prefix=f"{NAME}-")
-    if args.results_dir is None:
-        args.results_dir = (os.path.join(args.work_dir, "results") if args.quick else
-                            os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    os.makedirs(args.results_dir, exist_ok=True)
+    return args
 
-    meta = {"benchmark": NAME, "quick": args.quick, "rounds_R": args.rounds, "seed": args.seed,
-            "num_clients": NUM_CLIENTS, "shared_settings": args.shared, "splits": SPLITS,
-            "damping": {f"{s}/{sp}": d for (s, sp), d in DAMPING.items()},
-            "stragglers": {"partition_ids": STRAGGLERS, "factor": 5.0},
-            "bnn_init_std": bnn.INIT_STD,
-            "methods": {m: {"algorithm": a, "schedule": s,
-                            "rounds": {"R": args.rounds, "10R": NUM_CLIENTS * args.rounds,
-                                       None: "preset"}[mult],
-                            "client_updates_per_round": u or "1 (pooled data)"}
-                        for m, (a, s, mult, u) in METHODS.items()},
-            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                        "python": sys.version.split()[0]},
-            "x_axis": "client updates: PVI sync / BCM 10 per round, PVI seq / async / VCL 1 per "
-                      "round; global VI round r is placed at 10 r"}
-    results = Results(os.path.join(args.results_dir, f"{NAME}.json"), meta)
-    print(f"results: {results.path}", flush=True)
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    results = common.start(
+        NAME, args, {"runs": {}, "final": {}, "acceptance": None}, rounds_R=args.rounds,
+        num_clients=NUM_CLIENTS, shared_settings=args.shared,
+        splits=SPLITS, damping={f"{s}/{sp}": d for (s, sp), d in DAMPING.items()},
+        stragglers={"partition_ids": STRAGGLERS, "factor": 5.0}, bnn_init_std=INIT_STD,
+        methods={m: {"algorithm": a, "schedule": s,
+                     "rounds": {"R": args.rounds, "10R": NUM_CLIENTS * args.rounds,
+                                None: "preset"}[mult],
+                     "client_updates_per_round": u or "1 (pooled data)"}
+                 for m, (a, s, mult, u) in METHODS.items()},
+        x_axis="client updates: PVI sync / BCM 10 per round, PVI seq / async / VCL 1 per "
+               "round; global VI round r is placed at 10 r")
 
     for split in args.splits:
         runs = results.doc["runs"].setdefault(split, {})
@@ -247,8 +199,7 @@ def main(argv=None) -> int:
             results.doc["final"].setdefault(split, {})[method] = final_row(runs[method])
             results.write()
             f = results.doc["final"][split][method]
-            note = (f"(reused from {runs[method]['reused_from_split']})"
-                    if "reused_from_split" in runs[method] else f"wall={f['wall_s']:.1f}s")
+            note = common.run_note(runs[method], "reused_from_split")
             print(f"[{split:>12}] {method:<10} updates={f['client_updates']:>3} "
                   f"acc={f['test_accuracy']:.4f} nll={f['test_nll']:.4f} "
                   f"ece={f['test_ece']:.4f} rejected={f['rejected_replies']} {note}",
@@ -278,6 +229,7 @@ def main(argv=None) -> int:
         for method, f in rows.items():
             print(f"  {split:<12} {method:<10} {f['test_accuracy']:.4f} {f['test_nll']:.4f} "
                   f"{f['test_ece']:.4f}")
+    results.finish()
     return 0
 
 

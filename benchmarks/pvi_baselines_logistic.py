@@ -7,17 +7,21 @@ engine. For each partition (Dirichlet alpha = 0.1 and iid) it runs:
 * PVI synchronous (damping 0.5, ``R`` rounds), sequential (damping 1.0, ``10 R`` rounds = ``R``
   passes) and asynchronous (damping 0.5, ``10 R`` server updates, clients 7, 8, 9 five times
   slower on the virtual clock);
-* PVI synchronous with the deterministic fixed-point (natural-gradient) local optimiser (10
-  iterations per client update) instead of the default Adam, to compare local optimisers;
+* PVI synchronous with the deterministic fixed-point (natural-gradient) local optimiser (30
+  iterations per client update) instead of Adam, to compare local optimisers;
 * the baselines: BCM with the same prior and with a split prior (one shot), VCL (one sequential
   pass) and streaming VB without deletion (``10 R`` rounds = ``R`` sequential passes);
 * global VI federated the paper's way: one damped natural-gradient step (local damping 0.5) per
   client per round for ``2 R`` rounds, whose trajectory should approach global VI;
 * global VI (one client with the pooled data) with 30 fixed-point iterations: the reference,
   which converges to the exact global-VI optimum for logistic regression. It is checked against
-  the Adam default (same free energy, so its ELBO must be at least as high) and against 60
+  Adam (same free energy, so its ELBO must be at least as high) and against 60
   fixed-point iterations (convergence). Global VI does not depend on the partition, so it runs
   once and is shared.
+
+Every run that does not name its local optimiser uses Adam (``local-optimiser = "adam"``, stated
+explicitly: the run-config default was Adam when the benchmark was written and is ``auto`` since
+the registry refactor).
 
 It records per round the test NLL, accuracy and ECE, the global free energy
 (``log_marginal_likelihood``; None for asynchronous PVI, which does not evaluate it per update)
@@ -39,46 +43,39 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+import common  # first: environment and sys.path
+import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import numpy as np  # noqa: E402
-import pvi_vs_global_vi as base  # noqa: E402
-
-from fedbayes_flwr.config import parse_run_config  # noqa: E402
-from fedbayes_flwr.experiment import build_experiment, run_in_process  # noqa: E402
-from fedbayes_flwr.plots import plot_curves  # noqa: E402
+from fedbayes_flwr.config import parse_run_config
+from fedbayes_flwr.experiment import build_experiment
 
 NAME = "pvi_baselines_logistic"
-NUM_CLIENTS = base.NUM_CLIENTS
-PARTITIONS = {p: base.PARTITIONS[p] for p in ("dirichlet-0.1", "iid")}
+NUM_CLIENTS = common.NUM_CLIENTS
+PARTITIONS = {p: common.PARTITIONS[p] for p in ("dirichlet-0.1", "iid")}
 ACCEPTANCE_PARTITION = "dirichlet-0.1"
+ADAM = common.ADAM
 # name -> (algorithm, run-config overrides, rounds as a multiple of R (None: the algorithm's preset
-# fixes them), client updates per round). Damping and schedule of the baselines are fixed by
-# fedbayes_flwr.config.apply_algorithm_preset; only what the preset leaves free is set here.
+# fixes them), client updates per round). Damping and schedule of the baselines are fixed by the
+# presets in fedbayes_flwr.algorithms.pvi (PRESETS); only what the preset leaves free is set here.
+# PVI's keys are given bare: they resolve to the pvi section (pvi.damping, ...).
 METHODS = {
-    "pvi-sync": ("pvi", {"schedule": "synchronous", "damping": 0.5}, 1, NUM_CLIENTS),
-    "pvi-seq": ("pvi", {"schedule": "sequential", "damping": 1.0}, NUM_CLIENTS, 1),
-    "pvi-async": ("pvi", {"schedule": "asynchronous", "damping": 0.5, "stragglers": "7,8,9",
+    "pvi-sync": ("pvi", {"schedule": "synchronous", "damping": 0.5, **ADAM}, 1, NUM_CLIENTS),
+    "pvi-seq": ("pvi", {"schedule": "sequential", "damping": 1.0, **ADAM}, NUM_CLIENTS, 1),
+    "pvi-async": ("pvi", {"schedule": "asynchronous", "damping": 0.5, **ADAM, "stragglers": "7,8,9",
                           "straggler-factor": 5.0}, NUM_CLIENTS, 1),
     "pvi-sync-fixed-point": ("pvi", {"schedule": "synchronous", "damping": 0.5,
                                      "local-optimiser": "fixed-point"}, 1, NUM_CLIENTS),
-    "bcm-same": ("bcm-same", {}, None, NUM_CLIENTS),
-    "bcm-split": ("bcm-split", {}, None, NUM_CLIENTS),
-    "vcl": ("vcl", {}, None, 1),
-    "streaming-vb-no-deletion": ("streaming-vb-no-deletion", {}, NUM_CLIENTS, 1),
+    "bcm-same": ("bcm-same", {**ADAM}, None, NUM_CLIENTS),
+    "bcm-split": ("bcm-split", {**ADAM}, None, NUM_CLIENTS),
+    "vcl": ("vcl", {**ADAM}, None, 1),
+    "streaming-vb-no-deletion": ("streaming-vb-no-deletion", {**ADAM}, NUM_CLIENTS, 1),
+    # The preset fixes the fixed-point optimiser with one iteration per client update.
     "global-vi-federated": ("global-vi-federated", {"local-damping": 0.5}, 2, NUM_CLIENTS),
     # Global VI (M = 1): the reference, and its two checks. Rounds are fixed at 1.
     "global-vi": ("global-vi", {"local-optimiser": "fixed-point", "fixed-point-iterations": 30},
                   None, 1),
-    "global-vi-adam": ("global-vi", {}, None, 1),
+    "global-vi-adam": ("global-vi", {**ADAM}, None, 1),
     "global-vi-fixed-point-60": ("global-vi", {"local-optimiser": "fixed-point",
                                                "fixed-point-iterations": 60}, None, 1),
 }
@@ -105,9 +102,9 @@ def run_config(method: str, partition: str, rounds: int, seed: int, output_dir: 
 
 
 def curve(history: list[dict], updates_per_round: int) -> list[dict]:
-    """The base benchmark's per-round rows, plus the wall time of each round and the virtual time
+    """The common per-round rows, plus the wall time of each round and the virtual time
     (asynchronous PVI)."""
-    rows = base.curve(history, updates_per_round)
+    rows = common.curve(history, updates_per_round)
     previous = 0.0
     for row, h in zip(rows, history, strict=True):
         row["round_wall_s"] = round(h["elapsed_s"] - previous, 4)
@@ -118,35 +115,23 @@ def curve(history: list[dict], updates_per_round: int) -> list[dict]:
     return rows
 
 
-class Results(base.Results):
-    """The base benchmark's atomically rewritten JSON document, with this benchmark's sections."""
-
-    def __init__(self, path: str, meta: dict):
-        self.path = path
-        self.doc = {**meta, "partition_summary": {}, "runs": {}, "final": {},
-                    "global_vi_check": {}, "global_vi_federated": {}, "local_optimisers": {},
-                    "rounds_to_within_1pct": {}, "acceptance": None}
-        self.write()
+SECTIONS = {"partition_summary": {}, "runs": {}, "final": {}, "global_vi_check": {},
+            "global_vi_federated": {}, "local_optimisers": {}, "rounds_to_within_1pct": {},
+            "acceptance": None}
 
 
-def run_method(method: str, partition: str, args, results: Results) -> dict:
+def run_method(method: str, partition: str, args, results: common.Results) -> dict:
     """One in-process run; global VI pools the data, so its runs are shared by every partition."""
     if method in GLOBAL_VI:
-        for other, runs in results.doc["runs"].items():
-            if other != partition and method in runs:
-                return {**runs[method], "reused_from_partition": other}
+        shared = common.reused(results.doc["runs"], partition, method, "reused_from_partition")
+        if shared is not None:
+            return shared
     out = os.path.join(args.work_dir, partition, method)
-    cfg = run_config(method, partition, args.rounds, args.seed, out)
-    load = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    result = run_in_process(parse_run_config(cfg), progress=False)
-    wall = time.perf_counter() - t0
+    result, record = common.timed_run(run_config(method, partition, args.rounds, args.seed, out))
     rows = curve(result["history"], METHODS[method][3])
     with np.load(os.path.join(out, "posterior.npz")) as z:
         mean = z["mean"].tolist()
-    return {"run_config": result["run_config"], "wall_s": round(wall, 3),
-            "load_avg_1min_before": round(load, 2), "output_dir": out,
-            "health": base.health(rows), "posterior_mean": mean, "curve": rows}
+    return {**record, "health": common.health(rows), "posterior_mean": mean, "curve": rows}
 
 
 def partition_summary(partition: str, args) -> dict:
@@ -171,7 +156,7 @@ def final_row(run: dict, ref: dict) -> dict:
                 np.asarray(run["posterior_mean"]) - np.asarray(ref["posterior_mean"]))))}
 
 
-def run_partition(partition: str, args, results: Results) -> None:
+def run_partition(partition: str, args, results: common.Results) -> None:
     """Every method on one partition; finals, checks and the plot."""
     results.doc["partition_summary"][partition] = partition_summary(partition, args)
     runs = results.doc["runs"].setdefault(partition, {})
@@ -179,8 +164,7 @@ def run_partition(partition: str, args, results: Results) -> None:
         runs[method] = run_method(method, partition, args, results)
         results.write()
         run, last = runs[method], runs[method]["curve"][-1]
-        note = (f"(reused from {run['reused_from_partition']})" if "reused_from_partition" in run
-                else f"wall={run['wall_s']:.1f}s")
+        note = common.run_note(run, "reused_from_partition")
         lml = last["log_marginal_likelihood"]
         print(f"[{partition:>13}] {method:<24} rounds={last['round']:>3} "
               f"updates={last['client_updates']:>3} nll={last['test_nll']:.5f} "
@@ -192,17 +176,18 @@ def run_partition(partition: str, args, results: Results) -> None:
     finals = {m: final_row(run, ref) for m, run in runs.items()}
     results.doc["final"][partition] = finals
     results.doc["rounds_to_within_1pct"][partition] = {
-        m: base.rounds_to_within(runs[m]["curve"], ref["test_nll"]) for m in PLOTTED}
+        m: common.rounds_to_within(runs[m]["curve"], ref["test_nll"]) for m in PLOTTED}
     if partition == args.partitions[0]:
         results.doc["global_vi_check"] = global_vi_check(runs)
     results.doc["global_vi_federated"][partition] = federated_trajectory(runs, ref)
     adam, fp = OPTIMISER_PAIR
     results.doc["local_optimisers"][partition] = {
-        m: {"local_optimiser": runs[m]["run_config"]["local-optimiser"],
+        m: {"local_optimiser": common.section_value(runs[m]["run_config"], "local-optimiser"),
             "test_nll": finals[m]["test_nll"], "wall_s": finals[m]["wall_s"],
             "s_per_client_update": finals[m]["wall_s"] / finals[m]["client_updates"],
             # round 1 of the first Adam run in a process also pays for TensorFlow tracing
-            "s_per_round_excl_round_1": per_round_excl_first(runs[m]["curve"]),
+            "s_per_round_excl_round_1": common.per_round_excl_first(
+                [r["elapsed_s"] for r in runs[m]["curve"]]),
             "log_marginal_likelihood": finals[m]["log_marginal_likelihood"]} for m in (adam, fp)}
     if partition == ACCEPTANCE_PARTITION:
         split, sync = finals["bcm-split"], finals["pvi-sync"]
@@ -217,13 +202,8 @@ def run_partition(partition: str, args, results: Results) -> None:
     plot(partition, runs, ref, args)
 
 
-def per_round_excl_first(rows: list[dict]) -> float | None:
-    """Mean wall seconds per round after round 1 (free-energy evaluation included)."""
-    return None if len(rows) < 2 else (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]) / (len(rows) - 1)
-
-
 def global_vi_check(runs: dict) -> dict:
-    """The fixed-point reference against the Adam default and against twice the iterations."""
+    """The fixed-point reference against Adam and against twice the iterations."""
     names = (REFERENCE, "global-vi-adam", "global-vi-fixed-point-60")
     fp, adam, fp60 = (runs[m]["curve"][-1] for m in names)
     mean = dict(zip(("fp", "adam", "fp60"), (np.asarray(runs[m]["posterior_mean"]) for m in names),
@@ -252,7 +232,7 @@ def federated_trajectory(runs: dict, ref: dict) -> dict:
                 - np.asarray(ref["posterior_mean"]))))}
 
 
-def summarise(partition: str, results: Results) -> None:
+def summarise(partition: str, results: common.Results) -> None:
     doc = results.doc
     ref = doc["final"][partition][REFERENCE]
     print(f"[{partition:>13}] final (global VI: nll={ref['test_nll']:.5f}, "
@@ -281,33 +261,19 @@ def plot(partition: str, runs: dict, ref: dict, args) -> None:
         if m in STOPS_EARLY:
             pts = [*pts, (last_x, pts[-1][1])]
         labelled[LABELS[m]] = pts
-    curves = labelled
-    title = f"breast cancer, logistic regression, M = {NUM_CLIENTS}, {partition}"
-    hline = ("global VI (fixed point)", ref["test_nll"])
-    plot_curves(curves, os.path.join(args.results_dir, f"{NAME}_{partition}.png"),
-                xlabel="client updates", ylabel="test NLL", title=title, hline=hline)
-    # Zoom: from the end of the first pass (every client visited once) on.
-    zoom = {k: [(x, y) for x, y in pts if x >= NUM_CLIENTS] for k, pts in curves.items()}
-    plot_curves(zoom, os.path.join(args.results_dir, f"{NAME}_{partition}_zoom.png"),
-                xlabel="client updates", ylabel="test NLL", title=title + " (zoom)", hline=hline)
+    common.plot_nll(labelled, args.results_dir, f"{NAME}_{partition}",
+                    title=f"breast cancer, logistic regression, M = {NUM_CLIENTS}, {partition}",
+                    hline=("global VI (fixed point)", ref["test_nll"]))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: R = 2, Dirichlet 0.1 only, results in a temp dir")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="synchronous rounds R (sequential / async / streaming VB run 10 R, "
-                             "federated global VI 2 R); default 10, quick 2")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = common.argument_parser(
+        __doc__, quick_help="smoke test: R = 2, Dirichlet 0.1 only, results in a temp dir",
+        rounds_help="synchronous rounds R (sequential / async / streaming VB run 10 R, "
+                    "federated global VI 2 R); default 10, quick 2")
     parser.add_argument("--partitions", nargs="+", choices=tuple(PARTITIONS), default=None,
                         help="default: all (quick: dirichlet-0.1)")
-    parser.add_argument("--results-dir", default=None,
-                        help="where the JSON and plots go (default benchmarks/results; quick: "
-                             "<work-dir>/results)")
-    parser.add_argument("--work-dir", default=None,
-                        help="run output directories (default: a folder in the temp dir)")
-    args = base.resolve_common_args(parser.parse_args(argv), NAME)
+    args = common.resolve_common_args(parser.parse_args(argv), NAME)
     if args.partitions is None:
         args.partitions = [ACCEPTANCE_PARTITION] if args.quick else list(PARTITIONS)
     return args
@@ -315,28 +281,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.makedirs(args.results_dir, exist_ok=True)
-    os.makedirs(args.work_dir, exist_ok=True)
-    path = os.path.join(args.results_dir, f"{NAME}.json")
-    meta = {"benchmark": NAME, "quick": args.quick, "dataset": "breast-cancer",
-            "model": "logistic-regression", "engine": "in-process", "num_clients": NUM_CLIENTS,
-            "seed": args.seed, "R": args.rounds, "reference_method": REFERENCE,
-            "tolerance": base.TOLERANCE,
-            "methods": {m: {"algorithm": a, "run_config_overrides": o,
-                            "rounds": "preset" if mult is None else mult * args.rounds,
-                            "client_updates_per_round": upr}
-                        for m, (a, o, mult, upr) in METHODS.items()},
-            "partitions": {p: dict(zip(("partition", "partition_alpha"), PARTITIONS[p],
-                                       strict=True)) for p in args.partitions},
-            "work_dir": args.work_dir, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    results = Results(path, meta)
-    print(f"results -> {path}; run outputs -> {args.work_dir}", flush=True)
-    t0 = time.perf_counter()
+    results = common.start(
+        NAME, args, SECTIONS, dataset="breast-cancer", model="logistic-regression", engine="in-process",
+        num_clients=NUM_CLIENTS, R=args.rounds, reference_method=REFERENCE,
+        tolerance=common.TOLERANCE,
+        methods={m: {"algorithm": a, "run_config_overrides": o,
+                     "rounds": "preset" if mult is None else mult * args.rounds,
+                     "client_updates_per_round": upr}
+                 for m, (a, o, mult, upr) in METHODS.items()},
+        partitions=common.partition_meta(args.partitions))
     for partition in args.partitions:
         run_partition(partition, args, results)
-    results.doc["benchmark_wall_s"] = round(time.perf_counter() - t0, 1)
-    results.write()
-    print(f"done in {results.doc['benchmark_wall_s']:.0f}s: {path}", flush=True)
+    results.finish()
     return 0
 
 

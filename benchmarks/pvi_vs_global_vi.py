@@ -13,6 +13,9 @@ Breast-cancer logistic regression (the default dataset and model), 10 clients. F
   0.01, 50 MC samples -- is a second reference). Global VI does not depend on the partition, so
   it runs once and is shared.
 
+Every run uses the Monte-Carlo Adam local optimiser (``local-optimiser = "adam"``, stated
+explicitly: the run-config default became ``auto`` in the registry refactor).
+
 It records test NLL / accuracy per round, the first round (and client update) at which each PVI
 run's test NLL is within 1% of global VI's, and, for synchronous PVI on Dirichlet 0.5, the wall
 time per round of Flower's Simulation Engine against the in-process engine (same seed), checking
@@ -32,33 +35,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+import common  # first: environment and sys.path
+import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-import numpy as np  # noqa: E402
-
-from fedbayes_flwr.config import parse_run_config  # noqa: E402
-from fedbayes_flwr.experiment import run_in_process, write_json  # noqa: E402
-from fedbayes_flwr.plots import plot_curves  # noqa: E402
+from fedbayes_flwr.plots import plot_curves
 
 NAME = "pvi_vs_global_vi"
-NUM_CLIENTS = 10
-TOLERANCE = 0.01  # "within 1% of global VI's test NLL"
-# name -> (partition, partition-alpha)
-PARTITIONS = {
-    "iid": ("iid", 0.5),
-    "dirichlet-0.1": ("dirichlet", 0.1),
-    "dirichlet-0.5": ("dirichlet", 0.5),
-}
+NUM_CLIENTS = common.NUM_CLIENTS
+TOLERANCE = common.TOLERANCE
+PARTITIONS = common.PARTITIONS  # name -> (partition, partition-alpha)
 # name -> (algorithm, schedule, damping, rounds multiplier, client updates per round, overrides)
 METHODS = {
     "sync-pvi-d0.5": ("pvi", "synchronous", 0.5, 1, NUM_CLIENTS, {}),
@@ -71,111 +61,43 @@ METHODS = {
     "global-vi-converged": ("global-vi", "synchronous", 1.0, 1, 1,
                             {"local-steps": 5000, "learning-rate": 0.01, "mc-samples": 50}),
 }
-# The reference: global VI with the same optimiser settings as PVI (run-config defaults).
+# The reference: global VI with the same optimiser settings as PVI (Adam, run-config defaults).
 REFERENCE = "global-vi-d1.0"
 CONVERGED_REFERENCE = "global-vi-converged"
 TIMING_PARTITION = "dirichlet-0.5"
 HEADLINE_PARTITION = "dirichlet-0.5"
-CURVE_KEYS = ("round", "test_nll", "test_accuracy", "test_ece", "test_brier",
-              "log_marginal_likelihood", "bytes_down", "bytes_up", "elapsed_s",
-              "rejected_replies")
 
 
 def run_config(method: str, partition: str, rounds: int, seed: int, output_dir: str) -> dict:
-    """The kebab-case run config of one (method, partition)."""
+    """The kebab-case run config of one (method, partition); PVI's keys are bare (they resolve to
+    the ``pvi`` section) and every method uses Adam (:data:`common.ADAM`)."""
     algorithm, schedule, damping, mult, _, overrides = METHODS[method]
     scheme, alpha = PARTITIONS[partition]
-    return {"algorithm": algorithm, "schedule": schedule, "damping": damping,
+    return {"algorithm": algorithm, "schedule": schedule, "damping": damping, **common.ADAM,
             "partition": scheme, "partition-alpha": alpha, "num-clients": NUM_CLIENTS,
             "num-rounds": rounds * mult, "seed": seed, **overrides, "output-dir": output_dir}
 
 
-def curve(history: list[dict], updates_per_round: int) -> list[dict]:
-    """Per-round rows reduced to the benchmark's keys, plus cumulative client updates."""
-    rows = []
-    for h in history:
-        row = {k: h.get(k) for k in CURVE_KEYS}
-        row["client_updates"] = h["round"] * updates_per_round
-        rows.append(row)
-    return rows
-
-
-def rounds_to_within(rows: list[dict], reference: float, tol: float = TOLERANCE) -> dict:
-    """First round whose test NLL <= (1 + tol) * reference, and the first after which all stay."""
-    target = (1.0 + tol) * reference
-    hit = [r["test_nll"] is not None and r["test_nll"] <= target for r in rows]
-    first = next((r for r, ok in zip(rows, hit, strict=True) if ok), None)
-    stay = None
-    for i in range(len(rows) - 1, -1, -1):
-        if not hit[i]:
-            break
-        stay = rows[i]
-    return {"target_nll": target,
-            "round": None if first is None else first["round"],
-            "client_updates": None if first is None else first["client_updates"],
-            "round_stays_within": None if stay is None else stay["round"],
-            "client_updates_stays_within": None if stay is None else stay["client_updates"]}
-
-
-def health(rows: list[dict]) -> dict:
-    """Signs of trouble: rejected replies, non-finite metrics, NLL rising at the end."""
-    nll = [r["test_nll"] for r in rows]
-    finite = all(v is not None and math.isfinite(v) for v in nll)
-    best = min(nll) if finite else None
-    return {"rejected_replies": int(sum(r["rejected_replies"] or 0 for r in rows)),
-            "all_finite": finite,
-            "best_test_nll": best,
-            "final_over_best": None if not finite else nll[-1] / best}
-
-
-class Results:
-    """The JSON document, rewritten atomically after every change."""
-
-    def __init__(self, path: str, meta: dict, keep: bool = False):
-        """A fresh document, or (``keep``) the one already at ``path`` if there is one."""
-        self.path = path
-        self.doc = {**meta, "runs": {}, "reference": {}, "rounds_to_within_1pct": {},
-                    "final": {}, "headline": {}, "timing": None}
-        if keep and os.path.exists(path):
-            with open(path) as f:
-                self.doc = json.load(f)
-        self.write()
-
-    def write(self) -> None:
-        write_json(self.path, self.doc)
-
-
-def run_method(method: str, partition: str, args, results: Results) -> dict:
+def run_method(method: str, partition: str, args, results: common.Results) -> dict:
     """One in-process run; global VI pools the data, so its run is shared by every partition."""
     if METHODS[method][0] == "global-vi":
-        for other, runs in results.doc["runs"].items():
-            if other != partition and method in runs:
-                return {**runs[method], "reused_from_partition": other}
+        shared = common.reused(results.doc["runs"], partition, method, "reused_from_partition")
+        if shared is not None:
+            return shared
     out = os.path.join(args.work_dir, partition, method)
-    cfg = run_config(method, partition, args.rounds, args.seed, out)
-    t0 = time.perf_counter()
-    result = run_in_process(parse_run_config(cfg), progress=False)
-    wall = time.perf_counter() - t0
-    rows = curve(result["history"], METHODS[method][4])
-    return {"run_config": result["run_config"], "wall_s": round(wall, 3), "output_dir": out,
-            "health": health(rows), "curve": rows}
+    result, record = common.timed_run(run_config(method, partition, args.rounds, args.seed, out))
+    rows = common.curve(result["history"], METHODS[method][4])
+    return {**record, "health": common.health(rows), "curve": rows}
 
 
-def spread(values: list[float]) -> dict:
-    v = np.asarray(values, dtype=np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std()), "min": float(v.min()),
-            "max": float(v.max())}
-
-
-def run_partition(partition: str, args, results: Results) -> None:
+def run_partition(partition: str, args, results: common.Results) -> None:
     """Every method on one partition, in-process; reference, rounds-to-1%, finals, plot."""
     runs = results.doc["runs"].setdefault(partition, {})
     for method in METHODS:
         runs[method] = run_method(method, partition, args, results)
         results.write()
         last = runs[method]["curve"][-1]
-        note = (f"(reused from {runs[method]['reused_from_partition']})"
-                if "reused_from_partition" in runs[method] else f"wall={runs[method]['wall_s']:.1f}s")
+        note = common.run_note(runs[method], "reused_from_partition")
         print(f"[{partition:>13}] {method:<19} rounds={last['round']:>3} "
               f"updates={last['client_updates']:>3} test_nll={last['test_nll']:.5f} "
               f"acc={last['test_accuracy']:.4f} "
@@ -187,8 +109,8 @@ def run_partition(partition: str, args, results: Results) -> None:
     results.doc["reference"][partition] = {
         "method": REFERENCE, "test_nll": ref, "test_accuracy": final[REFERENCE]["test_accuracy"],
         "log_marginal_likelihood": final[REFERENCE]["log_marginal_likelihood"],
-        "test_nll_over_rounds": spread([r["test_nll"] for r in runs[REFERENCE]["curve"]]),
-        "log_marginal_likelihood_over_rounds": spread(
+        "test_nll_over_rounds": common.spread([r["test_nll"] for r in runs[REFERENCE]["curve"]]),
+        "log_marginal_likelihood_over_rounds": common.spread(
             [r["log_marginal_likelihood"] for r in runs[REFERENCE]["curve"]]),
         "converged_method": CONVERGED_REFERENCE, "converged_test_nll": conv,
         "converged_log_marginal_likelihood": final[CONVERGED_REFERENCE]["log_marginal_likelihood"],
@@ -200,7 +122,7 @@ def run_partition(partition: str, args, results: Results) -> None:
                           "log_marginal_likelihood": row["log_marginal_likelihood"],
                           "rounds": row["round"], "client_updates": row["client_updates"]}
         if METHODS[method][0] == "pvi":
-            hits[method] = rounds_to_within(runs[method]["curve"], ref)
+            hits[method] = common.rounds_to_within(runs[method]["curve"], ref)
             finals[method]["relative_gap_to_global_vi"] = (row["test_nll"] - ref) / ref
             finals[method]["relative_gap_to_converged_global_vi"] = (row["test_nll"] - conv) / conv
     results.doc["rounds_to_within_1pct"][partition] = hits
@@ -226,18 +148,10 @@ def run_partition(partition: str, args, results: Results) -> None:
 
     curves = {method: [(r["client_updates"], r["test_nll"]) for r in run["curve"]]
               for method, run in runs.items() if METHODS[method][0] == "pvi"}
-    last_x = max(pts[-1][0] for pts in curves.values())
-    curves["global VI (converged optimiser)"] = [(0, conv), (last_x, conv)]
-    title = f"breast-cancer logistic regression, {NUM_CLIENTS} clients, {partition}"
-    plot_curves(curves, os.path.join(args.results_dir, f"{NAME}_{partition}.png"),
-                xlabel="client updates", ylabel="test NLL", title=title,
-                hline=("global VI (same optimiser)", ref))
-    # Zoom: from the end of the first pass (every client visited once) on.
-    zoom = {k: [(x, y) for x, y in pts if x >= NUM_CLIENTS] for k, pts in curves.items()}
-    zoom["global VI (converged optimiser)"] = [(NUM_CLIENTS, conv), (last_x, conv)]
-    plot_curves(zoom, os.path.join(args.results_dir, f"{NAME}_{partition}_zoom.png"),
-                xlabel="client updates", ylabel="test NLL", title=title + " (zoom)",
-                hline=("global VI (same optimiser)", ref))
+    common.plot_nll(curves, args.results_dir, f"{NAME}_{partition}",
+                    title=f"breast-cancer logistic regression, {NUM_CLIENTS} clients, {partition}",
+                    hline=("global VI (same optimiser)", ref),
+                    flat={"global VI (converged optimiser)": conv})
 
 
 def run_engine(engine: str, partition: str, args) -> dict:
@@ -246,13 +160,13 @@ def run_engine(engine: str, partition: str, args) -> dict:
     cfg = run_config("sync-pvi-d0.5", partition, args.rounds, args.seed, out)
     overrides = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
                          for k, v in cfg.items() if k != "output-dir")
-    cmd = [sys.executable, os.path.join(ROOT, "run_simulation.py"), "--engine", engine,
+    cmd = [sys.executable, os.path.join(common.ROOT, "run_simulation.py"), "--engine", engine,
            "--output-dir", out, "--run-config", overrides, "--quiet"]
     log_path = os.path.join(args.work_dir, "timing", f"{engine}.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        rc = subprocess.run(cmd, cwd=common.ROOT, stdout=log, stderr=subprocess.STDOUT,
                             timeout=args.timeout).returncode
     wall = time.perf_counter() - t0
     if rc != 0:
@@ -263,8 +177,9 @@ def run_engine(engine: str, partition: str, args) -> dict:
         mean = z["mean"].copy()
     elapsed = [h["elapsed_s"] for h in result["history"]]
     n = len(elapsed)
-    per_round = (elapsed[-1] - elapsed[0]) / (n - 1) if n > 1 else None
+    per_round = common.per_round_excl_first(elapsed)
     return {"engine": engine, "command": cmd, "log": log_path, "process_wall_s": round(wall, 3),
+            "outcome": result.get("outcome"),
             "rounds": n, "elapsed_s": elapsed,
             "round_1_s": elapsed[0],
             "total_s": elapsed[-1],
@@ -277,11 +192,7 @@ def run_engine(engine: str, partition: str, args) -> dict:
             "_mean": mean}
 
 
-def _ratio(num, den):
-    return num / den if num is not None and den else None
-
-
-def run_timing(args, results: Results) -> None:
+def run_timing(args, results: common.Results) -> None:
     """Flower Simulation Engine against the in-process engine, same config and seed.
 
     Each repeat runs both engines as fresh processes; the summary ratios are medians over repeats.
@@ -305,10 +216,10 @@ def run_timing(args, results: Results) -> None:
         flw, inp = engines["simulation"], engines["in-process"]
         repeats.append({
             "engines": engines,
-            "ratio_per_round_excl_round_1": _ratio(flw["mean_s_per_round_excl_round_1"],
-                                                   inp["mean_s_per_round_excl_round_1"]),
-            "ratio_total": _ratio(flw["total_s"], inp["total_s"]),
-            "ratio_process_wall": _ratio(flw["process_wall_s"], inp["process_wall_s"]),
+            "ratio_per_round_excl_round_1": common.ratio(
+                flw["mean_s_per_round_excl_round_1"], inp["mean_s_per_round_excl_round_1"]),
+            "ratio_total": common.ratio(flw["total_s"], inp["total_s"]),
+            "ratio_process_wall": common.ratio(flw["process_wall_s"], inp["process_wall_s"]),
             "same_posterior_max_abs_diff_mean": float(np.max(np.abs(flw.pop("_mean")
                                                                     - inp.pop("_mean")))),
             "test_nll_abs_diff": abs(flw["final_test_nll"] - inp["final_test_nll"]),
@@ -362,28 +273,10 @@ def run_timing(args, results: Results) -> None:
                 title=f"sync PVI, {partition}: Flower simulation vs in-process")
 
 
-def resolve_common_args(args, name: str):
-    """Fill the defaults shared by the benchmarks: work dir (temp), results dir (benchmarks/results,
-    or under the work dir with --quick) and rounds (10, quick 2)."""
-    suffix = "_quick" if args.quick else ""
-    args.work_dir = os.path.abspath(
-        args.work_dir or os.path.join(tempfile.gettempdir(), f"fedbayes_{name}{suffix}"))
-    if args.results_dir is None:
-        args.results_dir = (os.path.join(args.work_dir, "results") if args.quick
-                            else os.path.join(ROOT, "benchmarks", "results"))
-    args.results_dir = os.path.abspath(args.results_dir)
-    if args.rounds is None:
-        args.rounds = 2 if args.quick else 10
-    return args
-
-
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 2 rounds, Dirichlet 0.5 only, results in a temp dir")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="synchronous rounds R (sequential runs 10 R); default 10, quick 2")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = common.argument_parser(
+        __doc__, quick_help="smoke test: 2 rounds, Dirichlet 0.5 only, results in a temp dir",
+        rounds_help="synchronous rounds R (sequential runs 10 R); default 10, quick 2")
     parser.add_argument("--partitions", nargs="+", choices=tuple(PARTITIONS), default=None,
                         help="default: all (quick: dirichlet-0.5)")
     parser.add_argument("--skip-flower", action="store_true", help="skip the engine timing")
@@ -391,14 +284,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="only the engine timing; updates 'timing' in an existing JSON")
     parser.add_argument("--timing-repeats", type=int, default=None,
                         help="engine timing repeats (medians are reported); default 2, quick 1")
-    parser.add_argument("--results-dir", default=None,
-                        help="where the JSON and plots go (default benchmarks/results; quick: "
-                             "<work-dir>/results)")
-    parser.add_argument("--work-dir", default=None,
-                        help="run output directories (default: a folder in the temp dir)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds allowed for each run_simulation.py process")
-    args = resolve_common_args(parser.parse_args(argv), NAME)
+    args = common.resolve_common_args(parser.parse_args(argv), NAME)
     if args.timing_repeats is None:
         args.timing_repeats = 1 if args.quick else 2
     if args.partitions is None:
@@ -408,33 +296,24 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.makedirs(args.results_dir, exist_ok=True)
-    os.makedirs(args.work_dir, exist_ok=True)
-    path = os.path.join(args.results_dir, f"{NAME}.json")
-    meta = {"benchmark": NAME, "quick": args.quick, "dataset": "breast-cancer",
-            "model": "logistic-regression", "num_clients": NUM_CLIENTS, "seed": args.seed,
-            "sync_rounds": args.rounds, "sequential_rounds": args.rounds * NUM_CLIENTS,
-            "tolerance": TOLERANCE, "reference_method": REFERENCE,
-            "converged_reference_method": CONVERGED_REFERENCE,
-            "methods": {m: dict(zip(("algorithm", "schedule", "damping", "rounds_multiplier",
-                                     "client_updates_per_round", "run_config_overrides"), v,
-                                    strict=True))
-                        for m, v in METHODS.items()},
-            "partitions": {p: dict(zip(("partition", "partition_alpha"), PARTITIONS[p],
-                                       strict=True)) for p in args.partitions},
-            "work_dir": args.work_dir, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    results = Results(path, meta, keep=args.timing_only)
-    print(f"results -> {path}; run outputs -> {args.work_dir}", flush=True)
-    t0 = time.perf_counter()
+    sections = {"runs": {}, "reference": {}, "rounds_to_within_1pct": {}, "final": {},
+                "headline": {}, "timing": None}
+    results = common.start(
+        NAME, args, sections, keep=args.timing_only, dataset="breast-cancer", model="logistic-regression",
+        num_clients=NUM_CLIENTS, sync_rounds=args.rounds,
+        sequential_rounds=args.rounds * NUM_CLIENTS, tolerance=TOLERANCE,
+        local_optimiser=common.ADAM["local-optimiser"], reference_method=REFERENCE,
+        converged_reference_method=CONVERGED_REFERENCE,
+        methods={m: dict(zip(("algorithm", "schedule", "damping", "rounds_multiplier",
+                              "client_updates_per_round", "run_config_overrides"), v, strict=True))
+                 for m, v in METHODS.items()},
+        partitions=common.partition_meta(args.partitions))
     if not args.timing_only:
         for partition in args.partitions:
             run_partition(partition, args, results)
     if args.timing_only or not args.skip_flower:
         run_timing(args, results)
-    key = "timing_wall_s" if args.timing_only else "benchmark_wall_s"
-    results.doc[key] = round(time.perf_counter() - t0, 1)
-    results.write()
-    print(f"done in {results.doc[key]:.0f}s: {path}", flush=True)
+    results.finish("timing_wall_s" if args.timing_only else "benchmark_wall_s")
     return 0
 
 

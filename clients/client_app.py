@@ -37,6 +37,7 @@ class BundleClientApp(ClientApp):
     def __init__(self, overrides: dict | None = None):
         super().__init__()
         self.overrides = dict(overrides or {})
+        parse_run_config(self.overrides)  # an unknown key fails here, naming it
         self.query("partition")(self._partition)
         self._register()
 

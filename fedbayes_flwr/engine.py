@@ -161,7 +161,7 @@ def _iterate_barrier(exp: Experiment, num_updates: int):
     side = _InProcess(exp)
     everyone = frozenset(range(exp.num_clients))
     tally, t0 = Tally(), time.perf_counter()
-    update, step, settled = 0, 0, True
+    update, step, settled, recorded = 0, 0, True, 0
     while True:
         number = update + 1 if settled else update
         step = 0 if settled else step + 1
@@ -175,11 +175,11 @@ def _iterate_barrier(exp: Experiment, num_updates: int):
         update += info.updates
         settled = info.settled
         tally.add(info)
-        if not settled or update == 0:
+        if not settled or update == recorded:
             continue
         finished = update >= num_updates
         if eval_point(update, config.eval_every, num_updates) or finished:
-            outcome = _outcome(exp, state, t0, finished)
+            outcome, recorded = _outcome(exp, state, t0, finished), update
             yield update, state, tally.log()._replace(outcome=outcome)
             if outcome is not None:
                 return

@@ -183,7 +183,7 @@ def expected_ll_grad(seed, model, x, y, q: NaturalGaussian, mc_samples: int = 10
     x_t = tf.constant(x, tf.float64)
     y_t = tf.zeros([x.shape[0]], tf.float64) if y is None else tf.constant(y, tf.float64)
     if hasattr(model, "expected_log_likelihood_tf"):
-        g1, g2 = (g.numpy() for g in _expected_ll_mean_grad(model, m1, m2, x_t, y_t))
+        g1, g2 = (g.numpy() for g in _expected_ll_mean_grad(model, m1, m2, x_t, y_t, q.is_diag))
         return g1, g2 if q.is_diag else 0.5 * (g2 + g2.T)
     with tf.GradientTape() as tape:
         tape.watch([m1, m2])
@@ -200,8 +200,12 @@ def expected_ll_grad(seed, model, x, y, q: NaturalGaussian, mc_samples: int = 10
 
 
 @tf.function(reduce_retracing=True)
-def _expected_ll_mean_grad(model, m1, m2, x, y):
-    """Compiled gradient of the model's deterministic ``E_q[log p(y | theta)]`` w.r.t. ``(m1, m2)``."""
+def _expected_ll_mean_grad(model, m1, m2, x, y, diag):
+    """Compiled gradient of the model's deterministic ``E_q[log p(y | theta)]`` w.r.t. ``(m1, m2)``.
+
+    ``diag`` (a Python bool) keeps diagonal and full ``m2`` in separate traces, so shape relaxation
+    never hides the rank of ``m2`` from the model.
+    """
     with tf.GradientTape() as tape:
         tape.watch([m1, m2])
         value = model.expected_log_likelihood_tf(m1, m2, x, y)
@@ -267,6 +271,8 @@ class FixedPointWarning(RuntimeWarning):
 _STALL_PATIENCE = 5
 _LBFGS_PASSES = 3
 _NEWTON_STEPS = 3
+_CG_MAX_ITERATIONS = 500
+_CG_RTOL = 1e-6
 
 
 class LocalSolverError(RuntimeError):
@@ -329,14 +335,14 @@ def _whitened_value_and_grad(model, z, *args):
 
 
 @tf.function(reduce_retracing=True)
-def _whitened_grad_and_hessian(model, z, *args):
+def _whitened_hessian_vector(model, z, vector, *args):
     with tf.GradientTape() as outer:
         outer.watch(z)
         with tf.GradientTape() as inner:
             inner.watch(z)
             loss = _whitened_loss(model, z, *args)
-        grad = inner.gradient(loss, z)
-    return grad, outer.jacobian(grad, z)
+        directional = tf.reduce_sum(inner.gradient(loss, z) * vector)
+    return outer.gradient(directional, z)
 
 
 class _LocalProblem:
@@ -356,24 +362,36 @@ class _LocalProblem:
         mean, cov = G.to_moments(q)
         return mean, np.sqrt(cov) if self.diag else np.linalg.cholesky(cov)
 
-    def _args(self, z: np.ndarray, frame) -> tuple:
-        return (self.model, tf.constant(z, tf.float64), tf.constant(frame[0]), tf.constant(frame[1]),
-                self.x, self.y, self.eta1, self.eta2, self.tril_idx, self.diag)
+    def _args(self, frame) -> tuple:
+        return (tf.constant(frame[0]), tf.constant(frame[1]), self.x, self.y, self.eta1, self.eta2,
+                self.tril_idx, self.diag)
 
     def value_and_grad(self, z: np.ndarray, frame) -> tuple[float, np.ndarray]:
-        loss, grad = _whitened_value_and_grad(*self._args(z, frame))
+        loss, grad = _whitened_value_and_grad(self.model, tf.constant(z, tf.float64),
+                                              *self._args(frame))
         return float(loss), grad.numpy()
 
     def newton(self, q: NaturalGaussian) -> NaturalGaussian | None:
-        """One Newton step on the stationarity condition from ``q`` (``None`` if not a descent)."""
-        frame = self.frame(q)
-        grad, hess = (t.numpy() for t in _whitened_grad_and_hessian(*self._args(np.zeros(self.size),
-                                                                                  frame)))
-        try:
-            chol = np.linalg.cholesky(0.5 * (hess + hess.T))
-        except np.linalg.LinAlgError:
-            return None
-        delta = -np.linalg.solve(chol.T, np.linalg.solve(chol, grad))
+        """A Newton step from ``q`` on the stationarity condition, solved by conjugate gradients
+        with Hessian-vector products (Nocedal & Wright 2006, Algorithm 7.1); ``None`` where the
+        Hessian is not positive definite along the way."""
+        frame, zero = self.frame(q), tf.zeros([self.size], tf.float64)
+        args = self._args(frame)
+        grad = self.value_and_grad(np.zeros(self.size), frame)[1]
+        delta, resid = np.zeros(self.size), -grad
+        direction, rr = resid.copy(), resid @ resid
+        for _ in range(min(self.size, _CG_MAX_ITERATIONS)):
+            hd = _whitened_hessian_vector(self.model, zero, tf.constant(direction), *args).numpy()
+            curvature = direction @ hd
+            if not curvature > 0.0:
+                return None
+            alpha = rr / curvature
+            delta += alpha * direction
+            resid -= alpha * hd
+            rr, rr_old = resid @ resid, rr
+            if np.sqrt(rr) <= _CG_RTOL * np.linalg.norm(grad):
+                break
+            direction = resid + (rr / rr_old) * direction
         new = self.to_natural(delta, frame) if np.all(np.isfinite(delta)) else None
         return new if new is not None and G.is_proper(new) else None
 
@@ -381,15 +399,20 @@ class _LocalProblem:
         return float(np.max(np.abs(self.value_and_grad(np.zeros(self.size), self.frame(q))[1])))
 
     def to_natural(self, z: np.ndarray, frame) -> NaturalGaussian:
+        """The ``q`` at ``z``; callers check it is proper (a runaway ``z`` overflows quietly)."""
         mean0, scale0 = frame
         d = self.dim
-        if self.diag:
-            return G.from_moments(mean0 + scale0 * z[:d], (scale0 * np.exp(z[d:]))**2)
-        b = np.zeros((d, d))
-        b[self.tril[:, 0], self.tril[:, 1]] = z[d:]
-        b[np.diag_indices(d)] = np.exp(np.diag(b))
-        chol = scale0 @ b
-        return G.from_moments(mean0 + scale0 @ z[:d], chol @ chol.T)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            if self.diag:
+                return G.from_moments(mean0 + scale0 * z[:d], (scale0 * np.exp(z[d:]))**2)
+            b = np.zeros((d, d))
+            b[self.tril[:, 0], self.tril[:, 1]] = z[d:]
+            b[np.diag_indices(d)] = np.exp(np.diag(b))
+            chol = scale0 @ b
+            cov = chol @ chol.T
+            if not np.all(np.isfinite(cov)):
+                return G.NaturalGaussian(np.full(d, np.nan), np.full((d, d), np.nan))
+            return G.from_moments(mean0 + scale0 @ z[:d], cov)
 
 
 def _fixed_point_hopeless(history: list[float], tol: float, iterations: int) -> bool:
@@ -424,12 +447,16 @@ def solve_local(model, x, y, cavity: NaturalGaussian, init: NaturalGaussian, *,
     logistic regression). First the damped fixed-point update of :func:`natural_gradient_step`
     ``eta <- (1 - step) eta + step (eta_cav + dE_q[log p] / dmu)`` runs from ``init``. These can
     cycle when ``step`` is too large for the problem, so they stop early once the residual has
-    not reached a new minimum for 5 updates, or after ``iterations`` updates; the solve then
+    not reached a new minimum for 5 updates or its contraction over the last 5, extrapolated,
+    needs more updates than are left, else after ``iterations`` updates; the solve then
     falls back to L-BFGS (``scipy.optimize.minimize(method="L-BFGS-B")``) on ``-F`` over the
     mean and log standard deviations (mean-field) or the mean and a Cholesky factor with
     log-diagonal (full covariance), started from the fixed-point iterate with the smallest
     residual, with value and gradient from the same quadrature through ``tf.GradientTape``.
-    L-BFGS restarts (up to 3 passes) in coordinates re-whitened at its last iterate.
+    L-BFGS restarts (up to 3 passes) in coordinates re-whitened at its last iterate. Its line
+    search stops once ``F`` no longer decreases above rounding, which on larger local data sets
+    can be short of ``tol``; up to 3 Newton steps (conjugate gradients on Hessian-vector
+    products, which use gradients only) then finish the solve.
 
     The residual is the largest entry of the gradient of ``F`` in coordinates whitened at ``q``
     (mean in units of q's Cholesky factor / standard deviations, log scales): the natural
@@ -469,12 +496,28 @@ def solve_local(model, x, y, cavity: NaturalGaussian, init: NaturalGaussian, *,
     TypeError
         When the model has no ``expected_log_likelihood_tf``.
 
+    Warns
+    -----
+    Nothing: unlike :func:`fit_fixed_point` no :class:`FixedPointWarning`, since fixed-point
+    iterations that do not converge are handed to L-BFGS, and a failure of both raises.
+
     Notes
     -----
-    Measured on breast-cancer logistic regression (31 parameters, prior ``N(0, I)``, Dirichlet
-    0.1 label split over 10 clients): with ``step = 0.5`` the fixed-point iterations converge on
-    the smaller clients in 20 to 50 updates and cycle on the others, where L-BFGS converges in
-    tens of iterations; see the tests in ``tests/test_local_solver.py``.
+    The defaults were chosen on breast-cancer logistic regression (31 parameters, mean-field,
+    prior ``N(0, I)``, Dirichlet(0.1) label split over 10 clients), on the 40 local problems of
+    four synchronous PVI rounds with damping 1. The fixed-point phase converged in 32 of them
+    (median 24 updates, at most 49) and fell back in 8 (after 5 to 8 updates; 4 of the 10
+    round-1 problems, and the 343-row client in every round), where L-BFGS took 12 to 43
+    iterations and one Newton step was needed 6 times. Median wall time 41 ms per solve, at
+    most 0.17 s (2 shared CPU cores); every answer within
+    1.2e-8 of a Newton-polished solve. ``iterations = 0`` (L-BFGS only) took a median 17 ms;
+    ``step = 1`` fell back in 22 of 40, ``step = 0.3`` converged more slowly (median 94 ms).
+    The stopping residual bounds the moment error: ``tol = 1e-7`` and ``1e-9`` gave worst errors
+    of 1.1e-7 and 1.1e-9, at nearly the same cost.
+
+    With an improper cavity the local free energy of logistic regression is unbounded above (the
+    cavity term grows linearly in a variance, the expected log-likelihood falls only like its
+    square root), so only a local maximum exists; L-BFGS may then leave it and fail.
 
     References
     ----------
@@ -554,6 +597,7 @@ def solve_local_with_info(model, x, y, cavity: NaturalGaussian, init: NaturalGau
             q, res, newton = candidate, candidate_res, newton + 1
         if res <= tol:
             return q, LocalSolveInfo(used, True, nit, newton, res)
+    hint = "" if G.is_proper(cavity) else "; the cavity is improper, so F may be unbounded above"
     raise LocalSolverError(f"local solve did not converge: fixed-point iterations stopped after {used} "
                            f"updates and L-BFGS after {nit} iterations with residual {res:.3g} > tol "
-                           f"{tol:.3g} (L-BFGS: {message})")
+                           f"{tol:.3g} (L-BFGS: {message}){hint}")

@@ -72,7 +72,7 @@ class BundleStrategy(Strategy):
         self.round_logs: dict[int, RoundLog] = {}
         self.outcome: str | None = None
         self._tally = Tally()
-        self._update, self._step, self._settled = 0, 0, True
+        self._update, self._step, self._settled, self._recorded = 0, 0, True, 0
         self._pending: dict[int, tuple] = {}
         self._num_updates = 1
         self._rnd: Round | None = None
@@ -183,7 +183,6 @@ class BundleStrategy(Strategy):
         self._update += info.updates
         self._settled = info.settled
         self._tally.add(info)
-        self._last_updates = info.updates
 
     def _retry_or_stop(self, grid: Grid, decoded: dict, timeout: float) -> dict:
         policy = self.bundle.failure_policy
@@ -233,6 +232,8 @@ class BundleStrategy(Strategy):
 
     def _record(self, evaluate_fn, result: Result, virtual_time: float | None = None) -> bool:
         """At an evaluation point: log, call ``evaluate_fn``; True when the run ends here."""
+        if self._update == self._recorded:  # nothing new since the last record
+            return False
         finished = self._update >= self._num_updates
         if not (eval_point(self._update, self.eval_every, self._num_updates) or finished):
             return False
@@ -242,6 +243,7 @@ class BundleStrategy(Strategy):
             self.outcome = "done"
         elif self.max_seconds and time.monotonic() - self._t0 >= self.max_seconds:
             self.outcome = "time-limit"
+        self._recorded = self._update
         self.round_logs[self._update] = self._tally.log(virtual_time)._replace(
             outcome=self.outcome)
         arrays = self.posterior_arrays()
@@ -258,7 +260,7 @@ class BundleStrategy(Strategy):
             decoded = {pid: self._decode(pid, req.action, got.get(pid))
                        for pid, req in self._requests.items()}
             self._apply(self._retry_or_stop(grid, decoded, timeout))
-            if self._settled and self._last_updates and self._record(evaluate_fn, result):
+            if self._settled and self._record(evaluate_fn, result):
                 return
 
     def _run_on_arrival(self, grid: Grid, timeout: float, evaluate_fn, result: Result) -> None:
@@ -292,8 +294,7 @@ class BundleStrategy(Strategy):
             idle.add(pid)
             self._pending = {pid: (req, 0)}
             self._apply({pid: self._decode(pid, req.action, reply)})
-            if self._last_updates and self._record(evaluate_fn, result,
-                                                   round(time.monotonic() - self._t0, 4)):
+            if self._record(evaluate_fn, result, round(time.monotonic() - self._t0, 4)):
                 return
 
     def summary(self) -> None:

@@ -28,8 +28,13 @@ def strategy_for(exp) -> BundleStrategy:
 
 def make_server_app(overrides: dict | None = None, engine: str = "simulation",
                     progress: bool = True) -> ServerApp:
-    """A ServerApp whose run config is ``context.run_config`` updated by ``overrides``."""
+    """A ServerApp whose run config is ``context.run_config`` updated by ``overrides``.
+
+    ``overrides`` are checked now (an unknown key raises
+    :class:`fedbayes_flwr.errors.ConfigError` naming it), not when the run starts.
+    """
     overrides = dict(overrides or {})
+    parse_run_config(overrides)
     app = ServerApp()
 
     @app.main()

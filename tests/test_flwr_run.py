@@ -69,7 +69,7 @@ def test_flwr_run_simulation_engine(tmp_path):
                  "output-dir": str(out_dir)}
     assert "'" not in str(out_dir)  # TOML literal string below
     run_config = (f"model='{overrides['model']}' dataset='{overrides['dataset']}' "
-                  f"num-rounds={NUM_ROUNDS} num-clients={NUM_CLIENTS} damping=1.0 "
+                  f"num-rounds={NUM_ROUNDS} num-clients={NUM_CLIENTS} pvi.damping=1.0 "
                   f"output-dir='{out_dir}'")
 
     superlink_pids: list[int] = []

@@ -174,3 +174,17 @@ def test_failure_policies(tmp_path, policy):
     else:  # stop: one line why, and the result files still say so
         assert result["outcome"] == "stopped" and result["history"] == []
         assert "partition 1 failed" in result["reason"]
+
+
+def test_make_apps_take_dotted_and_bare_keys_and_reject_unknown_ones():
+    from clients import make_client_app
+    from fedbayes_flwr.errors import ConfigError
+    from strategies import make_server_app
+
+    for overrides in ({"pvi.damping": 0.5}, {"algorithm": "pvi", "damping": 0.5}):
+        make_server_app(overrides)
+        make_client_app(overrides)
+    for make in (make_server_app, make_client_app):
+        with pytest.raises(ConfigError, match="unknown run-config key 'dampnig'") as err:
+            make({"dampnig": 0.5})
+        assert len(str(err.value).splitlines()) == 1
