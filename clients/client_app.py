@@ -37,7 +37,8 @@ class BundleClientApp(ClientApp):
     def __init__(self, overrides: dict | None = None):
         super().__init__()
         self.overrides = dict(overrides or {})
-        parse_run_config(self.overrides)  # an unknown key fails here, naming it
+        if self.overrides:  # an unknown key fails here, naming it
+            parse_run_config(self.overrides)
         self.query("partition")(self._partition)
         self._register()
 

@@ -196,13 +196,17 @@ def _apply_policy(exp, state, side, requests, replies, number, tally):
             for pid in failed:
                 replies[pid] = side.reply(state, pid, requests[pid], number, attempt, tally)
     if policy == "stop":
-        failed = [r for r in replies.values() if isinstance(r, Rejection)]
-        if failed:
-            r = failed[0]
-            raise RunStopped(f"update {number}: partition {r.partition_id} failed "
-                             f"({r.field}: {r.reason}); the {exp.bundle.name} bundle stops on "
-                             f"failures")
+        stop_on_failure(exp.bundle.name, number, replies)
     return replies
+
+
+def stop_on_failure(bundle_name: str, number: int, replies: dict) -> None:
+    """Raise :class:`RunStopped` naming the first failed partition, if any (``stop`` policy)."""
+    failed = [r for r in replies.values() if isinstance(r, Rejection)]
+    if failed:
+        r = failed[0]
+        raise RunStopped(f"update {number}: partition {r.partition_id} failed ({r.field}: "
+                         f"{r.reason}); the {bundle_name} bundle stops on failures")
 
 
 def _outcome(exp, state, t0, finished) -> str | None:

@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, round_seed
-from fedbayes_flwr.engine import RoundLog, RunStopped, Tally, eval_point, judge
+from fedbayes_flwr.engine import RoundLog, Tally, eval_point, judge, stop_on_failure
 from fedbayes_flwr.experiment import payload_nbytes
 
 from .nodes import partition_map
@@ -198,12 +198,7 @@ class BundleStrategy(Strategy):
                 for pid in failed:
                     decoded[pid] = self._decode(pid, self._requests[pid].action, got.get(pid))
         if policy == "stop":
-            failed = [r for r in decoded.values() if isinstance(r, Rejection)]
-            if failed:
-                r = failed[0]
-                raise RunStopped(f"update {self._rnd.number}: partition {r.partition_id} failed "
-                                 f"({r.field}: {r.reason}); the {self.bundle.name} bundle "
-                                 f"stops on failures")
+            stop_on_failure(self.bundle.name, self._rnd.number, decoded)
         return decoded
 
     # ------------------------------------------------------------------ the drivers

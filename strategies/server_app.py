@@ -34,7 +34,8 @@ def make_server_app(overrides: dict | None = None, engine: str = "simulation",
     :class:`fedbayes_flwr.errors.ConfigError` naming it), not when the run starts.
     """
     overrides = dict(overrides or {})
-    parse_run_config(overrides)
+    if overrides:
+        parse_run_config(overrides)
     app = ServerApp()
 
     @app.main()

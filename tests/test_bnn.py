@@ -4,6 +4,7 @@ and global VI learn something on small synthetic data."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from numpy_nets import numpy_forward
 from scipy.special import log_softmax
 
 from fedbayes_flwr.config import ConfigError, parse_run_config
@@ -11,18 +12,6 @@ from fedbayes_flwr.engine import iterate_in_process
 from fedbayes_flwr.experiment import build_experiment
 from fedbayes_flwr.models import BNNClassifier, BNNRegression, parse_hidden
 from fedbayes_flwr.posterior import GaussianPosterior
-
-
-def _numpy_forward(theta, x, sizes):
-    h, offset = x, 0
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        w = theta[offset:offset + a * b].reshape(a, b)
-        offset += a * b
-        h = h @ w + theta[offset:offset + b]
-        offset += b
-        if i < len(sizes) - 2:
-            h = np.maximum(h, 0.0)
-    return h
 
 
 @pytest.mark.parametrize("hidden", [(), (4,), (5, 3)])
@@ -33,7 +22,7 @@ def test_classifier_log_likelihood_matches_numpy_network(hidden):
     sizes = model.layer_sizes(2)
     theta = rng.normal(size=(4, model.param_dim(2)))
     got = model.log_likelihood_tf(tf.constant(theta), tf.constant(x), tf.constant(y, tf.float64))
-    want = [log_softmax(_numpy_forward(t, x, sizes), axis=1)[np.arange(7), y].sum() for t in theta]
+    want = [log_softmax(numpy_forward(t, x, sizes), axis=1)[np.arange(7), y].sum() for t in theta]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-10)
 
 
@@ -43,7 +32,7 @@ def test_regression_log_likelihood_matches_numpy_network():
     x, y = rng.normal(size=(6, 3)), rng.normal(size=6)
     theta = rng.normal(size=(2, model.param_dim(3)))
     got = model.log_likelihood_tf(tf.constant(theta), tf.constant(x), tf.constant(y))
-    f = [_numpy_forward(t, x, model.layer_sizes(3))[:, 0] for t in theta]
+    f = [numpy_forward(t, x, model.layer_sizes(3))[:, 0] for t in theta]
     want = [np.sum(-0.5 * ((y - fi) / 0.5) ** 2 - np.log(0.5 * np.sqrt(2 * np.pi))) for fi in f]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-10)
 

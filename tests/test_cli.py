@@ -132,3 +132,43 @@ def test_dotted_and_bare_keys_resolve_to_the_algorithm_section():
             assert len(str(err).splitlines()) == 1 and next(iter(bad)) in str(err)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_dotted_key_on_the_command_line_and_time_limit(tmp_path):
+    """``pvi.damping`` works in ``--run-config``; ``max-seconds`` ends the run at the first
+    evaluation point past the limit with outcome ``time-limit`` (exit 0, files written)."""
+    out = tmp_path / "tl"
+    code = run_simulation.main(["--engine", "in-process", "--model", "linear-regression",
+                                "--dataset", "synthetic", "--num-clients", "3",
+                                "--num-rounds", "50", "--output-dir", str(out), "--quiet",
+                                "--run-config", "pvi.damping=0.25 max-seconds=1e-9"])
+    assert code == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["run_config"]["pvi.damping"] == 0.25
+    assert result["outcome"] == "time-limit" and [h["round"] for h in result["history"]] == [1]
+
+
+def test_rows_held_out_of_a_file_without_x_test_are_reported(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 3))
+    path = _npz(tmp_path, "h.npz", x_train=x, y_train=x @ np.ones(3))
+    out = tmp_path / "h"
+    code = run_simulation.main(["--engine", "in-process", "--model", "linear-regression",
+                                "--data", path, "--num-clients", "2", "--num-rounds", "1",
+                                "--output-dir", str(out), "--quiet"])
+    assert code == 0
+    assert json.loads((out / "result.json").read_text())["holdout_rows"] == 10
+
+
+def test_holdout_warning_is_one_console_line(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 3))
+    path = _npz(tmp_path, "w.npz", x_train=x, y_train=x @ np.ones(3))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_simulation.py"),
+                           "--engine", "in-process", "--model", "linear-regression", "--data",
+                           path, "--num-clients", "2", "--num-rounds", "1", "--quiet",
+                           "--output-dir", str(tmp_path / "w")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: data file")]
+    assert len(lines) == 1 and "held out 10 of 50 rows" in lines[0]

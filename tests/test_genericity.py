@@ -106,7 +106,8 @@ def test_generic_modules_work_without_pvi(tmp_path):
         assert registry.names() == ("toy-merge",), registry.names()
         result = run_in_process(cfg, progress=False)
         assert result["outcome"] == "completed", result["outcome"]
-        app = clients.client_app.make_client_app({{"algorithm-modules": "tests.toy_algorithm"}})
+        app = clients.client_app.make_client_app({{"algorithm-modules": "tests.toy_algorithm",
+                                                   "algorithm": "toy-merge"}})
         assert "train.toy_merge" in app._registered_funcs
         print("OK", result["history"][0]["clients"])
     """)

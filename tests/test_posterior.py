@@ -8,6 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import tensorflow as tf
+from numpy_nets import numpy_forward
 from scipy.stats import wasserstein_distance
 
 from fedbayes_flwr import gaussian as G
@@ -47,18 +48,6 @@ class NumpyGaussian(Posterior):
 
     def save(self, path):
         np.savez(path, mean=self._m, std=self._s)
-
-
-def _numpy_net(theta, x, sizes):
-    h, offset = x, 0
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        w = theta[offset:offset + a * b].reshape(a, b)
-        offset += a * b
-        h = h @ w + theta[offset:offset + b]
-        offset += b
-        if i < len(sizes) - 2:
-            h = np.maximum(h, 0.0)
-    return h
 
 
 def _sigmoid(a):
@@ -111,7 +100,7 @@ def test_predictive_from_every_posterior_kind(name, kind):
             np.testing.assert_allclose(pred.prob, sig.mean(axis=0), rtol=1e-12)
     else:
         sizes = model.layer_sizes(NUM_FEATURES)
-        out = np.stack([_numpy_net(t, x, sizes) for t in draws])
+        out = np.stack([numpy_forward(t, x, sizes) for t in draws])
         if name == "bnn-classifier":
             e = np.exp(out - out.max(axis=2, keepdims=True))
             want = (e / e.sum(axis=2, keepdims=True)).mean(axis=0)

@@ -21,7 +21,6 @@ import numpy as np
 
 from fedbayes_flwr import gaussian as G
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from fedbayes_flwr.algorithms.registry import register
 from fedbayes_flwr.gaussian import NaturalGaussian
 from fedbayes_flwr.posterior import GaussianPosterior
 
@@ -102,4 +101,6 @@ BUNDLE = Bundle(name="toy_merge", config_class=ToyConfig, init_server=init_serve
                 client_state_template=lambda setup: init_client(setup, 0), check=check,
                 done=lambda state, setup: bool(state.merged))
 
-register("toy-merge", BUNDLE, None, "one-shot merge of exact local Gaussian posteriors (test)")
+
+def registrations():
+    return [("toy-merge", BUNDLE, None, "one-shot merge of exact local Gaussian posteriors (test)")]

@@ -36,14 +36,14 @@ from ..errors import ConfigError
 from ..gaussian import NaturalGaussian
 from ..seeds import derive_seed, numpy_rng
 from ..vi import VIConfig, fit_fixed_point, fit_gaussian, solve_local
+from . import commit
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from .registry import register
+from .commit import NO_ROUND, Pending
 
 SCHEDULES = ("synchronous", "sequential", "asynchronous")
 CAVITIES = ("pvi", "no-deletion", "same-prior", "split-prior")
 LOCAL_OPTIMISERS = ("auto", "adam", "fixed-point")
 COVARIANCES = ("auto", "full", "diag")
-NO_ROUND = -1
 TRAIN, EVALUATE = "train", "evaluate"
 _PHASE_TRAIN, _PHASE_EVALUATE = 0, 1
 
@@ -140,12 +140,9 @@ class ServerState(NamedTuple):
     phase: int = _PHASE_TRAIN
 
 
-class ClientState(NamedTuple):
-    """Client state: its accepted factor ``t_k`` and the factor waiting for acceptance."""
-
-    factor: NaturalGaussian
-    pending: NaturalGaussian
-    pending_round: int
+# Client state: the accepted factor t_k (``value``) and the factor waiting for the server's ack
+# (the shared commit-on-acknowledgement helper, :mod:`fedbayes_flwr.algorithms.commit`).
+ClientState = Pending
 
 
 class ServerMessage(NamedTuple):
@@ -191,8 +188,7 @@ def init_server(prior: NaturalGaussian, num_clients: int) -> ServerState:
 
 def init_client(prior: NaturalGaussian) -> ClientState:
     """A client starts with ``t_k = 1`` (zero natural parameters) of the prior's structure."""
-    flat = G.zeros(prior.dim, prior.is_diag)
-    return ClientState(flat, flat, NO_ROUND)
+    return commit.init(G.zeros(prior.dim, prior.is_diag))
 
 
 def select_clients(run_seed: int, server_round: int, num_clients: int, schedule: str) -> list[int]:
@@ -219,10 +215,7 @@ def broadcast(state: ServerState, partition_id: int) -> ServerMessage:
 
 def sync_client(state: ClientState, accepted_round: int) -> ClientState:
     """Commit the pending factor if the server accepted it, else drop it."""
-    if state.pending_round == NO_ROUND:
-        return state
-    factor = state.pending if state.pending_round == accepted_round else state.factor
-    return ClientState(factor, factor, NO_ROUND)
+    return commit.acknowledge(state, accepted_round)
 
 
 def local_optimum(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGaussian,
@@ -276,15 +269,15 @@ def client_step(seed, state: ClientState, message: ServerMessage, model, x, y, c
     only. Without deletion (streaming VB) the factor grows by ``q_new / q`` every visit.
     """
     state = sync_client(state, message.accepted_round)
-    cavity = cavity_for(config, message.posterior, state.factor, prior, num_clients)
+    cavity = cavity_for(config, message.posterior, state.value, prior, num_clients)
     q_new = local_optimum(seed, model, x, y, cavity, message.posterior, config)
     if config.cavity == "no-deletion":
         change = G.sub(q_new, message.posterior)
     else:
-        change = G.sub(G.sub(q_new, cavity), state.factor)
+        change = G.sub(G.sub(q_new, cavity), state.value)
     delta = G.scale(change, config.damping)
-    pending = G.add(state.factor, G.scale(delta, config.server_damping))
-    return ClientState(state.factor, pending, message.server_round), ClientMessage(
+    pending = G.add(state.value, G.scale(delta, config.server_damping))
+    return commit.propose(state, pending, message.server_round), ClientMessage(
         delta, int(x.shape[0]), message.server_round)
 
 
@@ -313,7 +306,7 @@ def server_step(state: ServerState, replies: list[tuple[int, ClientMessage | Rej
     posterior untouched. One call is one server update (asynchronous PVI calls it per reply).
     """
     posterior = state.posterior
-    accepted_round = state.accepted_round.copy()
+    accepted_round = state.accepted_round
     server_round = state.server_round + 1
     accepted, rejected = [], []
     for pid, reply in sorted(replies, key=lambda r: r[0]):
@@ -326,7 +319,7 @@ def server_step(state: ServerState, replies: list[tuple[int, ClientMessage | Rej
             rejected.append(Rejection(pid, *problem))
             continue
         posterior = G.add(posterior, damped)
-        accepted_round[pid] = reply.request_round
+        accepted_round = commit.record_accepted(accepted_round, pid, reply.request_round)
         accepted.append(pid)
     new_state = state._replace(posterior=posterior, server_round=server_round,
                                accepted_round=accepted_round)
@@ -345,7 +338,7 @@ def free_energy_term(state: ClientState, posterior: NaturalGaussian, accepted_ro
 
     state = sync_client(state, accepted_round)
     term = model.expected_log_likelihood(GaussianPosterior(posterior), x, y)
-    return state, term - G.expected_dot(state.factor, posterior)
+    return state, term - G.expected_dot(state.value, posterior)
 
 
 def log_marginal_likelihood(state: ServerState, terms: list[float]) -> float:
@@ -519,5 +512,7 @@ PRESETS = {
                                  "(over-confident)"),
 }
 
-for _name, (_preset, _description) in PRESETS.items():
-    register(_name, BUNDLE, _preset, _description)
+
+def registrations():
+    """``(name, bundle, preset, description)`` for PVI and its baselines (the registry calls it)."""
+    return [(name, BUNDLE, preset, description) for name, (preset, description) in PRESETS.items()]

@@ -6,9 +6,12 @@ one line in :data:`BUILTIN_MODULES` (or, for code outside this package, a module
 ``algorithm-modules`` run-config key that calls :func:`register` when imported: both apps import
 it, so the registration reaches the CLI subprocess, Ray actors and deployed nodes).
 
-A built-in module registers its names when imported; :func:`_load_builtins` imports them lazily.
-A built-in that cannot be imported (e.g. blocked in a test) is reported, not hidden: its names
-are absent and :func:`get` says why.
+A family module exposes ``registrations()`` returning ``(name, bundle, preset, description)``
+tuples; :func:`_load_builtins` and :func:`load_modules` import the module and register them
+(calling it, not relying on import side effects: a host that re-imports this registry module,
+as Flower's app loader can, still finds every name). A plugin may instead call :func:`register`
+when imported. A built-in that cannot be imported (e.g. blocked in a test) is reported, not
+hidden: its names are absent and :func:`get` says why.
 """
 
 from __future__ import annotations
@@ -61,9 +64,14 @@ def _load_builtins() -> None:
     _loaded = True
     for module in BUILTIN_MODULES:
         try:
-            importlib.import_module(module)
+            _register_module(importlib.import_module(module))
         except ImportError as err:
             _UNAVAILABLE[module] = str(err)
+
+
+def _register_module(module) -> None:
+    for name, bundle, preset, description in getattr(module, "registrations", tuple)():
+        register(name, bundle, preset, description)
 
 
 def load_modules(spec: str) -> None:
@@ -72,9 +80,10 @@ def load_modules(spec: str) -> None:
         if not module:
             continue
         try:
-            importlib.import_module(module)
+            imported = importlib.import_module(module)
         except ImportError as err:
             raise ConfigError(f"algorithm-modules: cannot import {module!r} ({err})") from None
+        _register_module(imported)
 
 
 def names() -> tuple[str, ...]:
