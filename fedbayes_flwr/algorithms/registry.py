@@ -17,6 +17,7 @@ hidden: its names are absent and :func:`get` says why.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -40,6 +41,7 @@ class Entry(NamedTuple):
 _ENTRIES: dict[str, Entry] = {}
 _UNAVAILABLE: dict[str, str] = {}
 _loaded = False
+_LOCK = threading.RLock()
 
 
 def register(name: str, bundle: Bundle, preset: Callable | None = None,
@@ -58,15 +60,21 @@ def register(name: str, bundle: Bundle, preset: Callable | None = None,
 
 
 def _load_builtins() -> None:
+    """Import and register the built-in families once. Thread-safe: Flower's simulation loads
+    the ServerApp and ClientApps in threads of one process, and a second thread must wait for
+    the first to finish registering rather than see an empty table."""
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    for module in BUILTIN_MODULES:
-        try:
-            _register_module(importlib.import_module(module))
-        except ImportError as err:
-            _UNAVAILABLE[module] = str(err)
+    with _LOCK:
+        if _loaded:
+            return
+        for module in BUILTIN_MODULES:
+            try:
+                _register_module(importlib.import_module(module))
+            except ImportError as err:
+                _UNAVAILABLE[module] = str(err)
+        _loaded = True
 
 
 def _register_module(module) -> None:
