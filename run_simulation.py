@@ -24,6 +24,8 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+EXIT_FAILED = 3  # the run finished but no update was accepted (its posterior is the prior)
+
 # Flag -> run-config key (flags mirror the keys; --run-config can set any key).
 FLAGS = {
     "algorithm": str, "model": str, "dataset": str, "data": str, "num-clients": int,
@@ -32,7 +34,7 @@ FLAGS = {
 }
 
 
-def parse_args(argv=None) -> tuple[argparse.Namespace, dict]:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Every run-config key (see README) can be set with --run-config \"key=value ...\".")
@@ -41,18 +43,25 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, dict]:
                             help=f"run-config key '{flag}'")
     parser.add_argument("--engine", choices=("simulation", "in-process"), default="simulation",
                         help="Flower's Simulation Engine (default) or the library alone")
-    parser.add_argument("--run-config", default="",
-                        help="space-separated key=value overrides in Flower's syntax")
+    parser.add_argument("--run-config", action="append", default=[],
+                        help="space-separated key=value overrides in Flower's syntax; may be "
+                             "repeated (merged in order, a later value wins)")
     parser.add_argument("--num-cpus-per-client", type=float, default=1.0,
                         help="Ray resources per simulated client (default 1)")
     parser.add_argument("--optimise-prior", action="store_true",
                         help="learn prior-scale by maximising the free energy (run-config "
                              "optimise-prior=true); the learned value is reported")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def build_overrides(args: argparse.Namespace) -> dict:
+    """The run-config overrides of the command line; raises ConfigError on a malformed item."""
     from fedbayes_flwr.config import parse_override_string
 
-    overrides = parse_override_string(args.run_config)
+    overrides = {}
+    for text in args.run_config:
+        overrides.update(parse_override_string(text))
     for flag in FLAGS:
         value = getattr(args, flag.replace("-", "_"))
         if value is not None:
@@ -62,7 +71,18 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, dict]:
     for key in ("data", "output-dir"):  # Ray workers do not share our working directory
         if overrides.get(key):
             overrides[key] = os.path.abspath(overrides[key])
-    return args, overrides
+    return overrides
+
+
+def check_output_dir(path: str) -> None:
+    """Raise ConfigError unless ``path`` is (or can become) a directory."""
+    from fedbayes_flwr.config import ConfigError
+
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if probe and not os.path.isdir(probe):
+        raise ConfigError(f"output-dir {path!r}: {probe!r} is a file, not a directory")
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
@@ -73,13 +93,15 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. the rows held out of a file without x_test
-    args, overrides = parse_args(argv)
+    args = parse_args(argv)
     from fedbayes_flwr.config import ConfigError, parse_run_config
     from fedbayes_flwr.data import DataError
     from fedbayes_flwr.experiment import build_experiment
 
     try:
+        overrides = build_overrides(args)
         config = parse_run_config(overrides)
+        check_output_dir(os.path.abspath(config.output_dir))
         overrides["output-dir"] = os.path.abspath(config.output_dir)
         config = config.replace(output_dir=overrides["output-dir"])
         exp = build_experiment(config)
@@ -101,6 +123,8 @@ def main(argv=None) -> int:
     with open(result_file) as f:
         result = json.load(f)
     outcome = result.get("outcome")
+    if outcome == "failed":  # the recorder printed the one-line reason
+        return EXIT_FAILED
     if outcome not in ("completed", "done", "time-limit"):
         last = result["history"][-1]["round"] if result["history"] else 0
         why = result.get("reason", "see the log above")

@@ -17,6 +17,7 @@ keys live in ``[tool.flwr.app.config.<bundle>]``, which Flower flattens to dotte
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 import tomllib
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ __all__ = ["ConfigError", "RunConfig", "KEYS", "parse_run_config", "parse_overri
            "parse_fault", "straggler_ids", "section_keys", "FAULT_KINDS"]
 
 FAULT_KINDS = ("nan", "negative-precision", "error", "drop")
+# Float keys where infinity is meaningful: "no limit" (as is 0).
+UNLIMITED_OK = ("max-seconds",)
 
 
 @dataclass(frozen=True)
@@ -113,9 +116,15 @@ def _coerce(key: str, value, default):
                 raise ValueError
             return int(value)
         if kind is float:
-            return float(value)
-    except (TypeError, ValueError):
+            out = float(value)
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"run-config key {key!r}: expected {kind.__name__}, got {value!r}") from None
+    if kind is float:
+        if math.isnan(out) or (math.isinf(out) and key not in UNLIMITED_OK):
+            raise ConfigError(f"run-config key {key!r}: expected a finite number, got {value!r}"
+                              + ("" if math.isnan(out) else " (infinity means no limit only "
+                                 f"for {', '.join(UNLIMITED_OK)})"))
+        return out
     return str(value)
 
 
@@ -213,13 +222,15 @@ def validate(c: RunConfig) -> None:
          f"(flwr-datasets, needs network) or pass --data FILE.npz")
     need(c.partition in PARTITIONS, "partition",
          f"unknown partition {c.partition!r}; choose one of {', '.join(PARTITIONS)}")
+    need(bool(c.output_dir.strip()), "output-dir", "must not be empty")
     need(c.num_clients >= 1, "num-clients", f"must be >= 1, got {c.num_clients}")
     need(c.num_rounds >= 1, "num-rounds", f"must be >= 1, got {c.num_rounds}")
     need(c.seed >= 0, "seed", f"must be >= 0, got {c.seed}")
     need(c.prior_scale > 0, "prior-scale", f"must be > 0, got {c.prior_scale}")
     need(c.noise_scale > 0, "noise-scale", f"must be > 0, got {c.noise_scale}")
     need(c.eval_every >= 1, "eval-every", f"must be >= 1, got {c.eval_every}")
-    need(c.max_seconds >= 0, "max-seconds", f"must be >= 0 (0 = no limit), got {c.max_seconds}")
+    need(c.max_seconds >= 0, "max-seconds",
+         f"must be >= 0 (0 or inf = no limit), got {c.max_seconds}")
     need(c.max_retries >= 0, "max-retries", f"must be >= 0, got {c.max_retries}")
     need(c.client_delay >= 0, "client-delay", f"must be >= 0, got {c.client_delay}")
     need(c.straggler_factor >= 1, "straggler-factor", f"must be >= 1, got {c.straggler_factor}")

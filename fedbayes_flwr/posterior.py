@@ -119,11 +119,14 @@ class GaussianPosterior(Posterior):
         return self._mean
 
     def cov(self) -> np.ndarray:
-        """Full ``(d, d)`` covariance (diagonal posteriors give a diagonal matrix).
+        """Full ``(d, d)`` covariance of a full-covariance posterior.
 
-        Builds a dense matrix: prefer :meth:`std` or :meth:`linear_moments` for large ``d``.
+        A mean-field posterior never materialises a ``d x d`` matrix (a 40k-parameter BNN would
+        need 12.7 GB): it raises; use :meth:`var`, :meth:`std` or :meth:`linear_moments`.
         """
-        return np.diag(self._cov) if self.natural.is_diag else self._cov
+        if self.natural.is_diag:
+            raise ValueError("a mean-field posterior has no dense covariance; use var() or std()")
+        return self._cov
 
     def var(self) -> np.ndarray:
         """Marginal variances, shape ``(d,)``, without building a dense matrix."""
@@ -149,9 +152,11 @@ class GaussianPosterior(Posterior):
         return dist.sample(n, seed=np.asarray(seed, dtype=np.int32)).numpy()
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write ``mean``, ``std``, ``cov`` and the natural parameters to an ``.npz`` file."""
-        _atomic_savez(path, mean=self.mean(), std=self.std(), cov=self.cov(),
-                      eta1=self.natural.eta1, eta2=self.natural.eta2)
+        """Write ``mean``, ``std``, the natural parameters and ``cov`` (full covariance) or
+        ``var`` (mean-field: O(d) on disk) to an ``.npz`` file."""
+        second = {"var": self.var()} if self.natural.is_diag else {"cov": self._cov}
+        _atomic_savez(path, mean=self.mean(), std=self.std(), eta1=self.natural.eta1,
+                      eta2=self.natural.eta2, **second)
 
 
 class SamplePosterior(Posterior):

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-OUTCOMES = ("running", "completed", "done", "time-limit", "stopped")
+OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed")
 
 
 class Recorder:
@@ -30,6 +30,7 @@ class Recorder:
         self.posterior = None
         self._diagram = None
         self.outcome, self.reason = "running", None
+        self.accepted = self.rejected = 0
         self._progress = _Progress(experiment.config.num_rounds, enabled=progress)
 
     def record(self, update: int, posterior, log) -> dict:
@@ -54,6 +55,13 @@ class Recorder:
         if diagnostics:
             row["diagnostics"] = diagnostics
         self.history.append(row)
+        self.accepted += len(log.clients)
+        self.rejected += len(log.rejected)
+        if log.rejected and not log.clients:
+            r = log.rejected[0]
+            print(f"warning: update {update}: every reply was rejected ({len(log.rejected)}; "
+                  f"first: partition {r.partition_id}, {r.field}: {r.reason})", file=sys.stderr,
+                  flush=True)
         self.posterior = posterior
         self._diagram = diagram
         if log.outcome is not None:
@@ -93,9 +101,14 @@ class Recorder:
         from .plots import plot_history, plot_reliability
 
         self._progress.close()
-        if self.outcome == "running":
+        if self.history and self.accepted == 0:
+            self.outcome = "failed"
+            self.reason = (f"no update was accepted in {self.history[-1]['round']} updates "
+                           f"({self.rejected} replies rejected): the posterior is the prior")
+            print(f"error: {self.reason}", file=sys.stderr, flush=True)
+        elif self.outcome == "running":
             self.outcome = "completed"
-            self._write()
+        self._write()
         if not self.history:
             return None
         title = f"{self.exp.config.algorithm} / {self.exp.config.model} / {self.exp.dataset.name}"

@@ -52,8 +52,10 @@ def make_server_app(overrides: dict | None = None, engine: str = "simulation",
             strategy.start(grid, num_rounds=config.num_rounds, evaluate_fn=record)
         except RunStopped as err:
             recorder.stop(err.reason)
-            return
+            raise RuntimeError(f"run stopped: {err.reason}") from None  # the run's status: failed
         recorder.finish()
+        if recorder.outcome == "failed":  # e.g. no update accepted: flwr run reports failed
+            raise RuntimeError(recorder.reason)
 
     return app
 

@@ -167,7 +167,13 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def as_float_array(arr: np.ndarray, key: str, where: str) -> np.ndarray:
-    """`arr` as float64, all finite; `key` and `where` name it in the error message."""
+    """`arr` as float64, all finite; `key` and `where` name it in the error message.
+
+    Complex arrays are refused with one line (numpy would otherwise drop the imaginary parts
+    with only a ComplexWarning)."""
+    if np.iscomplexobj(arr):
+        raise DataError(f"{where}: key '{key}' is complex-valued (dtype {arr.dtype}); "
+                        f"expected real numbers")
     try:
         out = np.asarray(arr, dtype=np.float64)
     except (TypeError, ValueError):

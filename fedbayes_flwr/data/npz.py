@@ -47,8 +47,16 @@ def load_npz(path: str, target: str, *, seed: int, test_fraction: float) -> Data
         When the file is missing, unreadable or its arrays are invalid for `target`.
     """
     where = f"data file {path!r}"
+    if os.path.isdir(path):
+        raise DataError(f"{where} is a directory, not a .npz file")
     if not os.path.isfile(path):
         raise DataError(f"{where} does not exist")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PK\x03\x04" and magic != b"PK\x05\x06":  # a zip archive (what np.savez writes)
+        kind = "a single-array .npy file" if magic.startswith(b"\x93NUM") else "not a zip archive"
+        raise DataError(f"{where} is not a .npz archive ({kind}); save the arrays with "
+                        f"numpy.savez(path, x_train=..., y_train=...)")
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {key: np.asarray(npz[key]) for key in npz.files}

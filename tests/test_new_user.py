@@ -1,0 +1,132 @@
+"""Regression tests for what a new user hit (mean-field memory, silent config traps, exit codes,
+misleading data errors): each reproduces the reported command and checks the fixed behaviour."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import run_simulation  # noqa: E402
+
+
+def _rs(tmp_path, *argv):
+    """run_simulation.main in-process; returns (exit code, stderr lines)."""
+    return run_simulation.main(["--engine", "in-process", "--quiet", *argv])
+
+
+# --- mean-field posteriors are O(d) ------------------------------------------------------------
+def test_mean_field_posterior_never_builds_a_dense_covariance(tmp_path):
+    """A 40k-parameter mean-field BNN posterior: predictive + save in < 200 MB of extra memory
+    (a dense d x d would need 12.7 GB) and a file < 5 MB (8 bytes x d x a few arrays ~ 1.6 MB)."""
+    import tracemalloc
+
+    from fedbayes_flwr.models import make_model
+    from fedbayes_flwr.posterior import GaussianPosterior
+
+    model = make_model("bnn-classifier", 1.0, (50,), 10)
+    prior = model.prior(784, 1.0, diag=True)
+    assert prior.dim == 39_760
+    post = GaussianPosterior(prior)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 784)), rng.integers(0, 10, size=32)
+    model.metrics(post, x, y)  # warm-up: TFP's first import alone allocates ~300 MB of modules
+    tracemalloc.start()
+    metrics, _ = model.metrics(post, x, y)
+    post.save(tmp_path / "p.npz")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 200e6, peak
+    assert (tmp_path / "p.npz").stat().st_size < 5e6
+    assert np.isfinite(metrics["test_nll"])
+    with np.load(tmp_path / "p.npz") as saved:
+        assert "cov" not in saved.files and saved["var"].shape == (39_760,)
+    with pytest.raises(ValueError, match="mean-field"):
+        post.cov()
+
+
+# --- exit 2 with one line ------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, expected", [
+    (["--run-config", "damping"], "is not key=value"),
+    (["--run-config", "prior-scale=inf"], "expected a finite number"),
+    (["--run-config", "partition-alpha=nan"], "expected a finite number"),
+    (["--run-config", "client-delay=inf"], "expected a finite number"),
+    (["--run-config", "straggler-factor=inf"], "expected a finite number"),
+    (["--noise-scale", "inf"], "noise-scale"),
+    (["--run-config", "optimise-prior='maybe'"], "expected true or false"),
+    (["--output-dir", ""], "output-dir: must not be empty"),
+])
+def test_bad_values_exit_2_with_one_line(tmp_path, capsys, argv, expected):
+    argv = argv if "--output-dir" in argv else [*argv, "--output-dir", str(tmp_path / "o")]
+    assert _rs(tmp_path, *argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+
+
+def test_output_dir_that_is_a_file_or_under_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    for out in (tmp_path / "f", tmp_path / "f" / "sub"):
+        assert _rs(tmp_path, "--output-dir", str(out)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is a file, not a directory" in err[0]
+
+
+def test_infinity_means_no_limit_only_where_documented(tmp_path):
+    from fedbayes_flwr.config import parse_run_config
+
+    assert parse_run_config({"max-seconds": float("inf")}).max_seconds == float("inf")
+
+
+def test_repeated_run_config_flags_merge(tmp_path):
+    out = tmp_path / "m"
+    code = _rs(tmp_path, "--model", "linear-regression", "--dataset", "synthetic",
+               "--num-clients", "2", "--num-rounds", "1", "--output-dir", str(out),
+               "--run-config", "damping=0.25 seed=3", "--run-config", "seed=4")
+    assert code == 0
+    rc = json.loads((out / "result.json").read_text())["run_config"]
+    assert rc["pvi.damping"] == 0.25 and rc["seed"] == 4  # both kept, the later one wins
+
+
+# --- a run in which nothing was accepted --------------------------------------------------------
+def test_run_with_no_accepted_update_exits_3_and_says_so(tmp_path, capsys):
+    out = tmp_path / "none"
+    code = _rs(tmp_path, "--num-clients", "3", "--num-rounds", "2", "--output-dir", str(out),
+               "--run-config", "local-optimiser='adam' learning-rate=1e6 local-steps=50")
+    err = capsys.readouterr().err
+    assert code == run_simulation.EXIT_FAILED == 3
+    assert err.count("every reply was rejected") == 2  # one warning line per such update
+    assert "error: no update was accepted in 2 updates" in err
+    result = json.loads((out / "result.json").read_text())
+    assert result["outcome"] == "failed" and "posterior is the prior" in result["reason"]
+
+
+# --- accurate data errors -----------------------------------------------------------------------
+def test_data_errors_name_the_real_problem(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("1,2,3\n4,5,6\n")
+    npy = tmp_path / "a.npy"
+    np.save(npy, np.zeros(3))
+    cplx = tmp_path / "c.npz"
+    np.savez(cplx, x_train=np.ones((10, 2)) * (1 + 1j), y_train=np.arange(10) % 2)
+    for path, expected in ((text, "not a .npz archive (not a zip archive)"),
+                           (npy, "single-array .npy"),
+                           (tmp_path, "is a directory"),
+                           (cplx, "complex-valued")):
+        assert _rs(tmp_path, "--data", str(path), "--output-dir", str(tmp_path / "o")) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], err
+
+
+def test_holdout_and_errors_through_the_real_process(tmp_path):
+    """The same one line when the CLI runs as a process (no traceback, no warning noise)."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_simulation.py"),
+                           "--run-config", "damping"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --run-config item 'damping'")
