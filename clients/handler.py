@@ -16,7 +16,7 @@ from flwr.app import Context, Message
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Request
 from fedbayes_flwr.engine import client_work
-from fedbayes_flwr.experiment import Experiment
+from fedbayes_flwr.experiment import Experiment, fingerprint, mismatches
 from fedbayes_flwr.faults import client_delay_s
 
 
@@ -24,9 +24,27 @@ def state_key(exp: Experiment) -> str:
     return f"{exp.bundle.name}.client-state"
 
 
+EXPECT, MISMATCH = "expect.", "experiment mismatch"
+
+
+def check_same_experiment(exp: Experiment, envelope) -> None:
+    """Raise ``ValueError`` naming every experiment-defining key on which this client's run
+    config differs from the server's (node-local keys such as ``data`` excepted): the strategy
+    then stops the run with that line instead of training on a different experiment."""
+    expected = {k[len(EXPECT):]: v for k, v in envelope.items() if k.startswith(EXPECT)}
+    if not expected:
+        return
+    mine = fingerprint(exp.bundle.name, exp.setup, exp.config.to_run_config())
+    differ = mismatches(expected, mine)
+    if differ:
+        raise ValueError(f"{MISMATCH}: this client's run config differs from the server's "
+                         f"({'; '.join(differ)}); give both apps the same settings")
+
+
 def handle(exp: Experiment, partition_id: int, message: Message, context: Context) -> Message:
     """Answer one request of ``exp``'s bundle for partition ``partition_id``."""
     envelope = codec.config_of(message.content)
+    check_same_experiment(exp, envelope)
     action, number = str(envelope["action"]), int(envelope["round"])
     attempt = int(envelope.get("attempt", 0))
     if action not in exp.actions:

@@ -87,3 +87,35 @@ def payload_nbytes(obj) -> int:
     if isinstance(obj, tuple):
         return sum(payload_nbytes(o) for o in obj)
     return 0
+
+
+# Keys a node may set for itself (its own data file, its own speed, where the server writes) and
+# keys only the server reads: never compared between server and clients.
+NODE_LOCAL_KEYS = ("data", "client-delay", "output-dir")
+SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries")
+
+
+def fingerprint(bundle_name: str, setup: Setup, run_config: dict | None = None) -> dict:
+    """The settings that define an experiment, which server and clients must share.
+
+    Always the bundle, the number of partitions, the parameter dimension, the run seed and the
+    bundle's config section; plus every key of ``run_config`` (a kebab-case run config) except
+    :data:`NODE_LOCAL_KEYS` and :data:`SERVER_ONLY_KEYS`.
+    """
+    import dataclasses
+
+    out = {"bundle": bundle_name, "num-clients": int(setup.num_clients),
+           "param-dim": int(setup.prior.dim), "seed": int(setup.run_seed)}
+    if dataclasses.is_dataclass(setup.config):
+        out.update({f"{bundle_name}.{f.name.replace('_', '-')}": getattr(setup.config, f.name)
+                    for f in dataclasses.fields(setup.config)})
+    for key, value in (run_config or {}).items():
+        if key not in NODE_LOCAL_KEYS and key not in SERVER_ONLY_KEYS and key not in out:
+            out[key] = value
+    return out
+
+
+def mismatches(expected: dict, actual: dict) -> list[str]:
+    """``"key: server X, this client Y"`` for every key of ``expected`` that differs."""
+    return [f"{k}: server {expected[k]!r}, this client {actual.get(k, '<unset>')!r}"
+            for k in sorted(expected) if actual.get(k) != expected[k]]

@@ -31,12 +31,14 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, round_seed
-from fedbayes_flwr.engine import RoundLog, Tally, eval_point, judge, stop_on_failure
-from fedbayes_flwr.experiment import payload_nbytes
+from fedbayes_flwr.engine import RoundLog, RunStopped, Tally, eval_point, judge, stop_on_failure
+from fedbayes_flwr.experiment import fingerprint, payload_nbytes
 
 from .nodes import partition_map
 
 POLL_S = 0.002
+EXPECT = "expect."  # ConfigRecord prefix of the experiment-defining keys a request carries
+MISMATCH = "experiment mismatch"
 
 
 def message_type(category: str, bundle_name: str) -> str:
@@ -57,11 +59,17 @@ class BundleStrategy(Strategy):
         Stop at the first evaluation point after this many seconds (0: no limit).
     max_retries : int
         Re-sends per failed request for bundles with the ``retry`` failure policy.
+    run_config : dict, optional
+        The run config the server was built from: its experiment-defining keys travel with
+        every request, and a client that built a different experiment refuses (the run stops
+        with the differing keys) instead of silently training on something else.
     """
 
     def __init__(self, bundle, setup, *, eval_every: int = 1, max_seconds: float = 0.0,
-                 max_retries: int = 2):
+                 max_retries: int = 2, run_config: dict | None = None):
         self.bundle, self.setup = bundle, setup
+        # what every client must share with this server (checked by the client handler)
+        self.expected = fingerprint(bundle.name, setup, run_config)
         self.actions = bundle.actions(setup)
         self.state = bundle.init_server(setup)
         self.num_clients = setup.num_clients
@@ -108,8 +116,9 @@ class BundleStrategy(Strategy):
         nodes = self._node_map(grid)
         spec = self.actions[request.action]
         self._tally.down += payload_nbytes(request.message)
-        content = codec.encode(request.message, f"{self.bundle.name}.{request.action}",
-                               {"action": request.action, "round": number, "attempt": attempt})
+        envelope = {"action": request.action, "round": number, "attempt": attempt,
+                    **{f"{EXPECT}{k}": v for k, v in self.expected.items()}}
+        content = codec.encode(request.message, f"{self.bundle.name}.{request.action}", envelope)
         return Message(content, dst_node_id=nodes[pid],
                        message_type=message_type(spec.category, self.bundle.name))
 
@@ -118,6 +127,8 @@ class BundleStrategy(Strategy):
         if reply is None:
             out = Rejection(pid, "reply", "no reply before the timeout")
         elif reply.has_error():
+            if MISMATCH in reply.error.reason:  # server and client disagree: never go on
+                raise RunStopped(f"partition {pid}: {reply.error.reason.strip().splitlines()[-1]}")
             out = Rejection(pid, "reply", f"client error: {reply.error.reason}")
         else:
             self._tally.up += codec.received_nbytes(reply.content)

@@ -23,7 +23,8 @@ def strategy_for(exp) -> BundleStrategy:
     """The generic strategy for an experiment's bundle and setup."""
     c = exp.config
     return BundleStrategy(exp.bundle, exp.setup, eval_every=c.eval_every,
-                          max_seconds=c.max_seconds, max_retries=c.max_retries)
+                          max_seconds=c.max_seconds, max_retries=c.max_retries,
+                          run_config=c.to_run_config())
 
 
 def make_server_app(overrides: dict | None = None, engine: str = "simulation",

@@ -130,3 +130,44 @@ def test_holdout_and_errors_through_the_real_process(tmp_path):
                           timeout=300, cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --run-config item 'damping'")
+
+
+# --- server and clients cannot disagree silently ---------------------------------------------
+def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
+    """A server built for 5 partitions with ``clients.app`` defaults (10): the client names the
+    differing keys, and the strategy turns that reply into a stop (not a rejection)."""
+    from flwr.app import Context, Error, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from clients.handler import handle
+    from fedbayes_flwr.algorithms.base import Request
+    from fedbayes_flwr.config import parse_run_config
+    from fedbayes_flwr.engine import RunStopped
+    from fedbayes_flwr.experiment import build_experiment
+    from strategies import PVIStrategy
+
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    try:
+        client_exp = build_experiment(parse_run_config({}))  # clients.app's defaults: 10 clients
+        server = PVIStrategy(client_exp.prior, num_clients=5, run_seed=0)
+        server.nodes, server.partition_of = {0: 11}, {11: 0}
+        request = Request("train", server.bundle.requests(
+            server.state, server.setup, server._next_round(frozenset(range(5))))[0].message)
+        message = server._encode(None, 0, request, 1, 0)
+        with pytest.raises(ValueError, match="experiment mismatch") as err:
+            handle(client_exp, 0, message, Context(1, 11, {"partition-id": 0}, RecordDict(), {}))
+        assert "num-clients: server 5, this client 10" in str(err.value)
+        reply = Message(Error(code=0, reason=f"ValueError: {err.value}"), reply_to=message)
+        server._pending = {0: (request, 0)}
+        with pytest.raises(RunStopped, match="num-clients: server 5, this client 10"):
+            server._decode(0, "train", reply)
+        # the same settings on both sides pass the check
+        same = PVIStrategy(client_exp.prior, num_clients=10, run_seed=0,
+                           config=client_exp.setup.config)
+        same.nodes, same.partition_of = {0: 11}, {11: 0}
+        ok = handle(client_exp, 0, same._encode(None, 0, request, 1, 0),
+                    Context(1, 11, {"partition-id": 0}, RecordDict(), {}))
+        assert not ok.has_error()
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
