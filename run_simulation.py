@@ -14,6 +14,7 @@ their section (``pvi.damping=0.5``) or, for the chosen algorithm, the bare key (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 EXIT_FAILED = 3  # the run finished but no update was accepted (its posterior is the prior)
+EXIT_INTERRUPTED = 130  # Ctrl-C: the finished updates are kept (128 + SIGINT, as shells report)
 
 # Flag -> run-config key (flags mirror the keys; --run-config can set any key).
 FLAGS = {
@@ -74,6 +76,32 @@ def build_overrides(args: argparse.Namespace) -> dict:
     return overrides
 
 
+@contextlib.contextmanager
+def _stop_on_first_ctrl_c():
+    """First Ctrl-C: ask the engines to stop at the next step boundary (the finished updates,
+    their result files and plots are kept). A second Ctrl-C aborts at once. The previous
+    handler is restored on exit."""
+    import signal
+    import threading
+
+    from fedbayes_flwr.engine import clear_stop, request_stop
+
+    clear_stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        request_stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def check_output_dir(path: str) -> None:
     """Raise ConfigError unless ``path`` is (or can become) a directory."""
     from fedbayes_flwr.config import ConfigError
@@ -89,11 +117,31 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
+@contextlib.contextmanager
+def _silenced_stderr_fd():
+    """Send file descriptor 2 to /dev/null for the block: TensorFlow's C++ start-up lines
+    (oneDNN, cuInit, absl) are written there before TF_CPP_MIN_LOG_LEVEL applies; Python-level
+    errors are re-raised after the descriptor is restored."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def main(argv=None) -> int:
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. the rows held out of a file without x_test
     args = parse_args(argv)
+    with _silenced_stderr_fd():
+        import tensorflow  # noqa: F401  (its C++ start-up noise goes to /dev/null)
     from fedbayes_flwr.config import ConfigError, parse_run_config
     from fedbayes_flwr.data import DataError
     from fedbayes_flwr.experiment import build_experiment
@@ -109,13 +157,14 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    if args.engine == "in-process":
-        from fedbayes_flwr.engine import run_in_process
+    with _stop_on_first_ctrl_c():
+        if args.engine == "in-process":
+            from fedbayes_flwr.engine import run_in_process
 
-        run_in_process(config, progress=not args.quiet)
-    else:
-        run_flower_simulation(overrides, exp.num_clients, args.num_cpus_per_client,
-                              progress=not args.quiet)
+            run_in_process(config, progress=not args.quiet)
+        else:
+            run_flower_simulation(overrides, exp.num_clients, args.num_cpus_per_client,
+                                  progress=not args.quiet)
     result_file = os.path.join(config.output_dir, "result.json")
     if not os.path.exists(result_file):
         print(f"error: the run wrote no {result_file} (see the log above)", file=sys.stderr)
@@ -123,6 +172,11 @@ def main(argv=None) -> int:
     with open(result_file) as f:
         result = json.load(f)
     outcome = result.get("outcome")
+    if outcome == "interrupted":
+        last = result["history"][-1]["round"] if result["history"] else 0
+        print(f"interrupted after update {last} of {config.num_rounds}; results in "
+              f"{config.output_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if outcome == "failed":  # the recorder printed the one-line reason
         return EXIT_FAILED
     if outcome not in ("completed", "done", "time-limit"):
@@ -136,10 +190,32 @@ def main(argv=None) -> int:
     return 0
 
 
+class _DropDeprecationNotice:
+    """Logging filter: drop Flower's "run_simulation is deprecated" notice. This CLI uses it on
+    purpose: ``flwr run`` cannot carry explicit config objects into the apps (its run config
+    comes from pyproject.toml) nor this CLI's own progress display and exit codes."""
+
+    def filter(self, record) -> bool:
+        return "DEPRECATED FEATURE" not in str(record.msg)
+
+
+def quiet_flower_logs() -> None:
+    """Flower's log lines without ANSI colours when stderr is not a terminal (log files), and
+    without the deprecation notice explained in :class:`_DropDeprecationNotice`."""
+    import logging
+
+    from flwr.common.logger import update_console_handler
+
+    update_console_handler(colored=sys.stderr.isatty())
+    logging.getLogger("flwr").addFilter(_DropDeprecationNotice())
+
+
 def run_flower_simulation(overrides: dict, num_clients: int, num_cpus: float,
                           progress: bool = True) -> None:
     """Run the ServerApp and ClientApps in Flower's Simulation Engine (Ray)."""
     from flwr.simulation import run_simulation
+
+    quiet_flower_logs()
 
     from clients import make_client_app
     from strategies import make_server_app

@@ -166,7 +166,32 @@ def parse_run_config(values: dict | None = None, base: RunConfig | None = None) 
     validate(config)
     if entry.preset is not None:
         config = entry.preset(config)
+        _notice_overridden(algorithm, values, config)
     return config
+
+
+class PresetNotice(UserWarning):
+    """An algorithm preset changed a key the user set."""
+
+
+def _notice_overridden(algorithm: str, values: dict, config: RunConfig) -> None:
+    """One warning line per key the user set that the preset fixed to another value."""
+    import warnings
+
+    effective = config.to_run_config()
+    prefix = config.bundle_name
+    for key, given in values.items():
+        final = effective.get(key, effective.get(f"{prefix}.{key}"))
+        if final is not None and key != "algorithm" and _differs(given, final):
+            warnings.warn(f"algorithm {algorithm!r} fixes {key}={final!r} (you gave {given!r})",
+                          PresetNotice, stacklevel=3)
+
+
+def _differs(given, final) -> bool:
+    try:
+        return type(final)(given) != final
+    except (TypeError, ValueError):
+        return True
 
 
 def straggler_ids(c: RunConfig) -> tuple[int, ...]:

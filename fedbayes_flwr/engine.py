@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import threading
 import time
 from typing import NamedTuple
 
@@ -29,6 +30,27 @@ from .algorithms.base import Rejection, Round, client_seed, round_seed
 from .experiment import Experiment, build_experiment, payload_nbytes
 from .faults import InjectedFault, active_fault, client_durations, corrupt
 from .validation import check_message
+
+_STOP = threading.Event()
+
+
+class Interrupted(RuntimeError):
+    """The user asked the run to stop (Ctrl-C): raised between steps, never inside one."""
+
+
+def request_stop() -> None:
+    """Ask every engine in this process to stop at the next step boundary (the CLI's Ctrl-C)."""
+    _STOP.set()
+
+
+def clear_stop() -> None:
+    _STOP.clear()
+
+
+def check_stop() -> None:
+    """Raise :class:`Interrupted` if :func:`request_stop` was called."""
+    if _STOP.is_set():
+        raise Interrupted("interrupted by the user")
 
 
 class RunStopped(RuntimeError):
@@ -163,6 +185,7 @@ def _iterate_barrier(exp: Experiment, num_updates: int):
     tally, t0 = Tally(), time.perf_counter()
     update, step, settled, recorded = 0, 0, True, 0
     while True:
+        check_stop()
         number = update + 1 if settled else update
         step = 0 if settled else step + 1
         rnd = Round(number, step, round_seed(config.seed, bundle.name, number, step), everyone,
@@ -230,6 +253,7 @@ def _iterate_on_arrival(exp: Experiment, num_updates: int):
     queue: list = []
     update, now = 0, 0.0
     while True:
+        check_stop()
         number = update + 1
         rnd = Round(number, 0, round_seed(config.seed, bundle.name, number, 0), frozenset(idle),
                     eval_point(number, config.eval_every, num_updates))
@@ -271,5 +295,7 @@ def run_in_process(config, output_dir: str | None = None, progress: bool = True)
         recorder.finish()
     except RunStopped as err:
         recorder.stop(err.reason)
+    except Interrupted:
+        recorder.interrupt()
     with open(os.path.join(recorder.output_dir, "result.json")) as f:
         return json.load(f)

@@ -13,7 +13,9 @@ import time
 
 import numpy as np
 
-OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed")
+OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed", "interrupted")
+# The files a run writes; a reused output directory loses these (and only these) at the start.
+RESULT_FILES = ("result.json", "posterior.npz", "metrics.png", "reliability.png")
 
 
 class Recorder:
@@ -25,6 +27,10 @@ class Recorder:
         self.engine = engine
         self.output_dir = output_dir or experiment.config.output_dir
         os.makedirs(self.output_dir, exist_ok=True)
+        for name in RESULT_FILES:  # never keep an earlier run's files next to this run's
+            path = os.path.join(self.output_dir, name)
+            if os.path.isfile(path):
+                os.remove(path)
         self.history: list[dict] = []
         self.t0 = time.perf_counter()
         self.posterior = None
@@ -92,16 +98,23 @@ class Recorder:
     def stop(self, reason: str) -> None:
         """End a run that could not go on: the result files say ``stopped`` and why."""
         self.outcome, self.reason = "stopped", reason
-        self._write()
-        self._progress.close()
+        self.finish()
         print(f"run stopped: {reason}", file=sys.stderr, flush=True)
 
+    def interrupt(self) -> None:
+        """End a run the user interrupted: keep the finished rows, write the plots."""
+        self.outcome = "interrupted"
+        self.reason = "interrupted by the user"
+        self.finish()
+
     def finish(self) -> dict | None:
-        """Write the plots and close the progress display; return the last row."""
+        """Write the final result file and the plots (written once, at the end of the run,
+        however it ends), close the progress display; return the last row."""
         from .plots import plot_history, plot_reliability
 
         self._progress.close()
-        if self.history and self.accepted == 0:
+        if self.history and self.accepted == 0 and self.outcome in ("running", "completed",
+                                                                    "done", "time-limit"):
             self.outcome = "failed"
             self.reason = (f"no update was accepted in {self.history[-1]['round']} updates "
                            f"({self.rejected} replies rejected): the posterior is the prior")

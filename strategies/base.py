@@ -7,7 +7,8 @@
 counting rejections, byte accounting, the failure policy, and recording at evaluation points.
 Its :meth:`BundleStrategy.start` drives
 
-* ``barrier`` bundles with ``grid.send_and_receive`` (one call per exchange), and
+* ``barrier`` bundles with one push and a 50 ms pull loop per exchange (so Ctrl-C is seen
+  within a poll, and deployment does not pay `send_and_receive`'s 3 s sleeps), and
 * ``apply-on-arrival`` bundles (asynchronous PVI, event-based samplers) with
   ``grid.push_messages`` / ``grid.pull_messages``: each reply is applied the moment it is pulled
   and the freed client gets its next request at once.
@@ -31,12 +32,21 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, round_seed
-from fedbayes_flwr.engine import RoundLog, RunStopped, Tally, eval_point, judge, stop_on_failure
+from fedbayes_flwr.engine import (
+    RoundLog,
+    RunStopped,
+    Tally,
+    check_stop,
+    eval_point,
+    judge,
+    stop_on_failure,
+)
 from fedbayes_flwr.experiment import fingerprint, payload_nbytes
 
 from .nodes import partition_map
 
 POLL_S = 0.002
+BARRIER_POLL_S = 0.05  # pull interval of a barrier exchange (Flower's own sleeps 3 s deployed)
 EXPECT = "expect."  # ConfigRecord prefix of the experiment-defining keys a request carries
 MISMATCH = "experiment mismatch"
 
@@ -205,7 +215,7 @@ class BundleStrategy(Strategy):
                 self._tally.retried += len(failed)
                 messages = [self._encode(grid, pid, self._requests[pid], self._rnd.number,
                                          attempt) for pid in failed]
-                got = self._by_partition(grid.send_and_receive(messages, timeout=timeout))
+                got = self._by_partition(self._send_and_receive(grid, messages, timeout))
                 for pid in failed:
                     decoded[pid] = self._decode(pid, self._requests[pid].action, got.get(pid))
         if policy == "stop":
@@ -258,11 +268,26 @@ class BundleStrategy(Strategy):
             evaluate_fn(self._update, arrays)
         return self.outcome is not None
 
+    def _send_and_receive(self, grid: Grid, messages: list, timeout: float) -> list:
+        """Push, then pull every ``BARRIER_POLL_S`` until every reply is in or ``timeout``;
+        a stop request (Ctrl-C) interrupts the wait."""
+        waiting = set(grid.push_messages(messages))
+        replies, deadline = [], time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            check_stop()
+            got = list(grid.pull_messages(list(waiting)))
+            replies += got
+            waiting -= {m.metadata.reply_to_message_id for m in got}
+            if waiting:
+                time.sleep(BARRIER_POLL_S)
+        return replies
+
     def _run_barrier(self, grid: Grid, timeout: float, evaluate_fn, result: Result) -> None:
         while True:
+            check_stop()
             messages = self.configure_train(self._update, ArrayRecord(), ConfigRecord(), grid)
             self._requests = {pid: req for pid, (req, _) in self._pending.items()}
-            got = self._by_partition(grid.send_and_receive(messages, timeout=timeout))
+            got = self._by_partition(self._send_and_receive(grid, messages, timeout))
             decoded = {pid: self._decode(pid, req.action, got.get(pid))
                        for pid, req in self._requests.items()}
             self._apply(self._retry_or_stop(grid, decoded, timeout))
@@ -287,6 +312,7 @@ class BundleStrategy(Strategy):
             while not replies:
                 replies = list(grid.pull_messages(list(in_flight)))
                 if not replies:
+                    check_stop()
                     if time.monotonic() - last_arrival > timeout:
                         waiting = sorted(p for p, _ in in_flight.values())
                         raise TimeoutError(f"{self.bundle.name}: no reply for {timeout} s "
@@ -304,6 +330,16 @@ class BundleStrategy(Strategy):
                 return
 
     def summary(self) -> None:
-        log(INFO, "\t├── %s: %d partitions, seed %s", self.bundle.name, self.num_clients,
-            self.run_seed)
-        log(INFO, "\t└── config: %s", self.setup.config)
+        """One line: the bundle, partitions, seed and the section keys that differ from their
+        defaults (settings that do not apply to this run are not listed as if they did)."""
+        import dataclasses
+
+        config = self.setup.config
+        changed = {}
+        if dataclasses.is_dataclass(config):
+            default = type(config)()
+            changed = {f.name.replace("_", "-"): getattr(config, f.name)
+                       for f in dataclasses.fields(config)
+                       if getattr(config, f.name) != getattr(default, f.name)}
+        log(INFO, "%s: %d partitions, seed %s, non-default keys %s", self.bundle.name,
+            self.num_clients, self.run_seed, changed or "none")

@@ -12,7 +12,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import RunStopped
+from fedbayes_flwr.engine import Interrupted, RunStopped
 from fedbayes_flwr.experiment import build_experiment
 from fedbayes_flwr.recorder import Recorder
 
@@ -51,6 +51,9 @@ def make_server_app(overrides: dict | None = None, engine: str = "simulation",
 
         try:
             strategy.start(grid, num_rounds=config.num_rounds, evaluate_fn=record)
+        except Interrupted:
+            recorder.interrupt()
+            return
         except RunStopped as err:
             recorder.stop(err.reason)
             raise RuntimeError(f"run stopped: {err.reason}") from None  # the run's status: failed

@@ -171,3 +171,67 @@ def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
         assert not ok.has_error()
     finally:
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------
+def _interrupt_after_first_row(tmp_path, engine: str):
+    """Start the CLI, send one SIGINT once the first history row is written, and return
+    (exit code, seconds from SIGINT to exit, stderr, result)."""
+    import signal
+    import time
+
+    out = tmp_path / engine
+    argv = [sys.executable, os.path.join(ROOT, "run_simulation.py"), "--engine", engine,
+            "--quiet", "--model", "logistic-regression", "--num-clients", "2", "--num-rounds",
+            "200", "--output-dir", str(out), "--run-config",
+            "local-optimiser='adam' local-steps=300"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if json.loads((out / "result.json").read_text())["history"]:
+                break
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - sent
+    return proc.returncode, took, err, json.loads((out / "result.json").read_text()), out
+
+
+def _check_interrupted(code, took, err, result, out, limit_s):
+    assert code == run_simulation.EXIT_INTERRUPTED == 130, err[-3000:]
+    assert took < limit_s, took
+    rows = [h["round"] for h in result["history"]]
+    assert result["outcome"] == "interrupted" and rows == list(range(1, len(rows) + 1))
+    assert len(rows) < 200
+    last = [ln for ln in err.strip().splitlines() if ln.strip()][-1]
+    assert last == f"interrupted after update {rows[-1]} of 200; results in {out}", last
+    assert (out / "metrics.png").exists() and (out / "posterior.npz").exists()
+
+
+def test_ctrl_c_in_process_keeps_finished_updates_and_exits_130(tmp_path):
+    # one Adam local optimisation of 300 steps takes well under 5 s: the run stops at its end
+    _check_interrupted(*_interrupt_after_first_row(tmp_path, "in-process"), limit_s=5.0)
+
+
+@pytest.mark.flower
+def test_ctrl_c_in_the_simulation_engine_stops_once(tmp_path):
+    # within a 50 ms poll or the current local step, plus Ray's shutdown
+    _check_interrupted(*_interrupt_after_first_row(tmp_path, "simulation"), limit_s=15.0)
+
+
+def test_reused_output_dir_loses_stale_result_files_only(tmp_path):
+    out = tmp_path / "reuse"
+    out.mkdir()
+    (out / "reliability.png").write_bytes(b"stale")
+    (out / "mine.txt").write_text("keep")
+    code = _rs(tmp_path, "--model", "linear-regression", "--dataset", "synthetic",
+               "--num-clients", "2", "--num-rounds", "1", "--output-dir", str(out))
+    assert code == 0
+    assert not (out / "reliability.png").exists()  # a regression run draws no reliability plot
+    assert (out / "mine.txt").read_text() == "keep"
