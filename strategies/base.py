@@ -296,6 +296,7 @@ class BundleStrategy(Strategy):
 
     def _run_on_arrival(self, grid: Grid, timeout: float, evaluate_fn, result: Result) -> None:
         in_flight: dict[str, tuple[int, object]] = {}  # message id -> (partition, request)
+        arrived: list[Message] = []  # pulled, not yet applied
         idle = set(range(self.num_clients))
         last_arrival = time.monotonic()
         while True:
@@ -308,10 +309,9 @@ class BundleStrategy(Strategy):
             if not in_flight:
                 raise RuntimeError(f"bundle {self.bundle.name!r} sent no request with every "
                                    f"client idle")
-            replies = []
-            while not replies:
-                replies = list(grid.pull_messages(list(in_flight)))
-                if not replies:
+            while not arrived:  # pulled replies leave the Grid: keep them until applied
+                arrived += list(grid.pull_messages(list(in_flight)))
+                if not arrived:
                     check_stop()
                     if time.monotonic() - last_arrival > timeout:
                         waiting = sorted(p for p, _ in in_flight.values())
@@ -319,9 +319,9 @@ class BundleStrategy(Strategy):
                                            f"(waiting on partitions {waiting})")
                     time.sleep(POLL_S)
             last_arrival = time.monotonic()
-            # apply ONE reply (the lowest partition among those pulled); the rest stay queued
-            replies.sort(key=lambda r: in_flight[r.metadata.reply_to_message_id][0])
-            reply = replies[0]
+            # apply ONE reply (the lowest partition among those pulled); the rest wait their turn
+            arrived.sort(key=lambda r: in_flight[r.metadata.reply_to_message_id][0])
+            reply = arrived.pop(0)
             pid, req = in_flight.pop(reply.metadata.reply_to_message_id)
             idle.add(pid)
             self._pending = {pid: (req, 0)}

@@ -93,7 +93,8 @@ def test_asynchronous_pvi_applies_straggler_on_arrival_through_flower(tmp_path):
     rc = "schedule='asynchronous' damping=1.0 client-delay=0.3 stragglers='3' straggler-factor=5.0"
     result, post = _simulate(tmp_path / "async", argv, rc, cpus="0.5")  # 4 concurrent actors
     history = result["history"]
-    assert len(history) == 20 and all(len(h["clients"]) == 1 for h in history)
+    assert len(history) == 20 and all(len(h["clients"]) == 1 for h in history), [
+        (h["round"], h["clients"], h.get("rejections")) for h in history]
     order = [h["clients"][0] for h in history]
     first_straggler = order.index(3)
     for fast in (0, 1, 2):  # they kept going while the straggler was busy: no barrier
