@@ -56,8 +56,12 @@ class BundleClientApp(ClientApp):
 
     @staticmethod
     def _partition(message: Message, context: Context) -> Message:
-        content = RecordDict({"config": ConfigRecord({"partition-id": _partition_id(context)})})
-        return Message(content, reply_to=message)
+        """This node's ``partition-id`` and, when its node config has it, ``num-partitions``
+        (the server fails fast when they cannot cover its partitions)."""
+        record = {"partition-id": _partition_id(context)}
+        if "num-partitions" in context.node_config:
+            record["num-partitions"] = int(context.node_config["num-partitions"])
+        return Message(RecordDict({"config": ConfigRecord(record)}), reply_to=message)
 
     def _handler(self, message: Message, context: Context) -> Message:
         return handle(self.experiment(context), _partition_id(context), message, context)

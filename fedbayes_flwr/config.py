@@ -31,7 +31,7 @@ __all__ = ["ConfigError", "RunConfig", "KEYS", "parse_run_config", "parse_overri
 
 FAULT_KINDS = ("nan", "negative-precision", "error", "drop")
 # Float keys where infinity is meaningful: "no limit" (as is 0).
-UNLIMITED_OK = ("max-seconds",)
+UNLIMITED_OK = ("max-seconds", "node-timeout")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ class RunConfig:
     eval_every: int = 1
     max_seconds: float = 0.0
     max_retries: int = 2
+    node_timeout: float = 600.0
     inject_fault: str = ""
     client_delay: float = 0.0
     stragglers: str = ""
@@ -257,6 +258,7 @@ def validate(c: RunConfig) -> None:
     need(c.max_seconds >= 0, "max-seconds",
          f"must be >= 0 (0 or inf = no limit), got {c.max_seconds}")
     need(c.max_retries >= 0, "max-retries", f"must be >= 0, got {c.max_retries}")
+    need(c.node_timeout > 0, "node-timeout", f"must be > 0 seconds, got {c.node_timeout}")
     need(c.client_delay >= 0, "client-delay", f"must be >= 0, got {c.client_delay}")
     need(c.straggler_factor >= 1, "straggler-factor", f"must be >= 1, got {c.straggler_factor}")
     bad = [k for k in straggler_ids(c) if not 0 <= k < c.num_clients]

@@ -92,7 +92,7 @@ def payload_nbytes(obj) -> int:
 # Keys a node may set for itself (its own data file, its own speed, where the server writes) and
 # keys only the server reads: never compared between server and clients.
 NODE_LOCAL_KEYS = ("data", "client-delay", "output-dir")
-SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries")
+SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries", "node-timeout")
 
 
 def fingerprint(bundle_name: str, setup: Setup, run_config: dict | None = None) -> dict:

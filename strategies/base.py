@@ -69,6 +69,9 @@ class BundleStrategy(Strategy):
         Stop at the first evaluation point after this many seconds (0: no limit).
     max_retries : int
         Re-sends per failed request for bundles with the ``retry`` failure policy.
+    node_timeout : float
+        Seconds to wait for the nodes serving the partitions to connect (progress is logged
+        every 10 s; nodes started for another number of partitions fail at once).
     run_config : dict, optional
         The run config the server was built from: its experiment-defining keys travel with
         every request, and a client that built a different experiment refuses (the run stops
@@ -76,7 +79,8 @@ class BundleStrategy(Strategy):
     """
 
     def __init__(self, bundle, setup, *, eval_every: int = 1, max_seconds: float = 0.0,
-                 max_retries: int = 2, run_config: dict | None = None):
+                 max_retries: int = 2, run_config: dict | None = None,
+                 node_timeout: float = 600.0):
         self.bundle, self.setup = bundle, setup
         # what every client must share with this server (checked by the client handler)
         self.expected = fingerprint(bundle.name, setup, run_config)
@@ -85,6 +89,7 @@ class BundleStrategy(Strategy):
         self.num_clients = setup.num_clients
         self.run_seed = setup.run_seed
         self.eval_every, self.max_seconds, self.max_retries = eval_every, max_seconds, max_retries
+        self.node_timeout = node_timeout
         self.nodes: dict[int, int] | None = None
         self.partition_of: dict[int, int] = {}
         self.round_logs: dict[int, RoundLog] = {}
@@ -111,7 +116,7 @@ class BundleStrategy(Strategy):
 
     def _node_map(self, grid: Grid) -> dict[int, int]:
         if self.nodes is None:
-            self.nodes = partition_map(grid, self.num_clients)
+            self.nodes = partition_map(grid, self.num_clients, timeout=self.node_timeout)
             self.partition_of = {node: pid for pid, node in self.nodes.items()}
         return self.nodes
 

@@ -8,7 +8,11 @@ runs through :class:`strategies.base.BundleStrategy`; results go to ``output-dir
 
 from __future__ import annotations
 
+import os
+from logging import WARNING
+
 from flwr.app import Context
+from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedbayes_flwr.config import parse_run_config
@@ -24,7 +28,7 @@ def strategy_for(exp) -> BundleStrategy:
     c = exp.config
     return BundleStrategy(exp.bundle, exp.setup, eval_every=c.eval_every,
                           max_seconds=c.max_seconds, max_retries=c.max_retries,
-                          run_config=c.to_run_config())
+                          run_config=c.to_run_config(), node_timeout=c.node_timeout)
 
 
 def make_server_app(overrides: dict | None = None, engine: str = "simulation",
@@ -42,6 +46,10 @@ def make_server_app(overrides: dict | None = None, engine: str = "simulation",
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         config = parse_run_config({**dict(context.run_config), **overrides})
+        if not os.path.isabs(config.output_dir):  # under flwr run: the SuperLink's directory
+            log(WARNING, "output-dir %r is relative: results go to %s (the directory of the "
+                "process running this ServerApp); pass an absolute path", config.output_dir,
+                os.path.abspath(config.output_dir))
         exp = build_experiment(config)
         strategy = strategy_for(exp)
         recorder = Recorder(exp, engine, progress=progress)

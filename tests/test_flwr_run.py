@@ -1,17 +1,21 @@
-"""Acceptance: ``flwr run .`` runs the app in Flower's Simulation Engine, end to end.
+"""Acceptance: the README's ``flwr run .`` commands work verbatim from an empty ``FLWR_HOME``,
+and a new user's first try (Flower's default 2 simulated nodes for a 10-partition run) fails fast
+with one line saying how to fix it.
 
-Private FLWR_HOME (``config.toml`` with a managed local SuperLink on free ports), runtime
-dependency installation disabled, the app copied to ``tmp_path`` (``flwr run`` may rewrite a
-``pyproject.toml``), the local SuperLink stopped by PID in ``finally``, the run's status checked
-with ``flwr ls`` (``flwr run --stream`` exits 0 even when the ServerApp fails) and the posterior
-compared with the exact one (linear regression, damping 1: PVI is exact after one round).
+The commands are extracted from README.md (so docs and code cannot drift) and run with bash in a
+copy of the app, with a private, EMPTY ``FLWR_HOME`` (Flower creates its local SuperLink
+connection), free ports, runtime dependency installation disabled; the detached local SuperLink
+is stopped by PID in ``finally``. ``flwr run --stream`` exits 0 even when the ServerApp fails, so
+each run's status is read with ``flwr ls``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -27,7 +31,6 @@ from flower_utils import (
     started_run_id,
     stop_flower,
     wait_finished,
-    write_local_simulation_config,
 )
 
 from fedbayes_flwr import gaussian as G
@@ -40,9 +43,10 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds PIDs in /proc"),
 ]
 
-NUM_CLIENTS = 3
-NUM_ROUNDS = 2
-RUN_TIMEOUT_S = 150
+RUN_TIMEOUT_S = 240
+README = (REPO / "README.md").read_text(encoding="utf-8")
+FLWR_COMMANDS = [line.strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+                 for line in block.splitlines() if line.strip().startswith("flwr run")]
 
 
 def _sha256(path) -> str:
@@ -51,38 +55,43 @@ def _sha256(path) -> str:
 
 def _tree(root) -> dict[str, str]:
     return {str(p.relative_to(root)): _sha256(p) for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+            if p.is_file() and "__pycache__" not in p.parts and "runs" not in p.parts}
 
 
-def test_flwr_run_simulation_engine(tmp_path):
+def _output_dir(command: str) -> str:
+    return re.search(r"output-dir='\$PWD/([^']+)'", command).group(1)
+
+
+def test_readme_has_the_two_flwr_commands():
+    assert len(FLWR_COMMANDS) == 2, FLWR_COMMANDS
+    assert all("$PWD/" in c and "--federation-config" in c for c in FLWR_COMMANDS)
+
+
+def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path):
     repo_pyproject = _sha256(REPO / "pyproject.toml")
     flwr_home = tmp_path / "flwr-home"
+    flwr_home.mkdir()  # empty: no config.toml, as on a new user's machine
     app = copy_app(tmp_path / "app")
     app_tree = _tree(app)
-    out_dir = (tmp_path / "out").resolve()
     log = tmp_path / "flwr-cli.log"
-    write_local_simulation_config(flwr_home, num_supernodes=NUM_CLIENTS, num_cpus=1)
     env = flwr_env(flwr_home, superlink_port=free_port(), control_port=free_port())
-
-    overrides = {"model": "linear-regression", "dataset": "synthetic",
-                 "num-rounds": NUM_ROUNDS, "num-clients": NUM_CLIENTS, "damping": 1.0,
-                 "output-dir": str(out_dir)}
-    assert "'" not in str(out_dir)  # TOML literal string below
-    run_config = (f"model='{overrides['model']}' dataset='{overrides['dataset']}' "
-                  f"num-rounds={NUM_ROUNDS} num-clients={NUM_CLIENTS} pvi.damping=1.0 "
-                  f"output-dir='{out_dir}'")
-
-    superlink_pids: list[int] = []
+    entries, superlink_pids = [], []
     try:
-        proc = run_cli(["flwr", "run", ".", "--stream", "--run-config", run_config],
-                       env, cwd=app, timeout=RUN_TIMEOUT_S, log=log)
+        for command in FLWR_COMMANDS:  # verbatim, through bash ($PWD expands to the app copy)
+            proc = run_cli(["bash", "-c", command], env, cwd=app, timeout=RUN_TIMEOUT_S, log=log)
+            assert proc.returncode == 0, proc.stdout[-4000:]
+            entry = wait_finished(started_run_id(proc.stdout), env, cwd=app, deadline_s=60,
+                                  log=log)
+            entries.append(entry)
+            assert entry["status"] == "finished:completed", (entry, proc.stdout[-4000:])
         superlink_pids = local_superlink_pids(flwr_home)
-        assert proc.returncode == 0, proc.stdout
-        run_id = started_run_id(proc.stdout)
-        assert len(superlink_pids) == 1, (superlink_pids, describe(processes_of(flwr_home)))
-
-        entry = wait_finished(run_id, env, cwd=app, deadline_s=30, log=log)
-        assert entry["status"] == "finished:completed", (entry, proc.stdout)
+        # A new user's first try: 10 partitions (the default) on Flower's default 2 nodes.
+        out = tmp_path / "too-few"
+        started = time.monotonic()
+        proc = run_cli(["flwr", "run", ".", "--stream", "--run-config", f"output-dir='{out}'"],
+                       env, cwd=app, timeout=RUN_TIMEOUT_S, log=log)
+        entry = wait_finished(started_run_id(proc.stdout), env, cwd=app, deadline_s=60, log=log)
+        took = time.monotonic() - started
     finally:
         if log.exists():
             print(log.read_text()[-8000:])  # shown by pytest when the test fails
@@ -91,21 +100,30 @@ def test_flwr_run_simulation_engine(tmp_path):
         assert not leftover, f"Flower processes left running:\n{describe(leftover)}"
         assert set(superlink_pids) <= set(stopped)
 
+    assert entry["status"] == "finished:failed", entry
+    details = entry["status-details"]
+    assert "no connected node serves partition ids [2, 3, ..., 9]: 2 node(s)" in details, details
+    assert 'num-supernodes=10' in details and "num-partitions=2" in details
+    # the ServerApp fails within 30 s of starting to run (Flower's own start-up comes before)
+    assert entry["compute-time"]["serverapp-seconds"] < 30, (took, entry)
+
     # The repo's app is untouched, and so is the copy (no federations section to migrate).
     assert _sha256(REPO / "pyproject.toml") == repo_pyproject
     assert _tree(app) == app_tree
 
+    # The default-model command: 3 rounds, 10 clients, every reply accepted.
+    default = json.loads((app / _output_dir(FLWR_COMMANDS[0]) / "result.json").read_text())
+    assert [row["round"] for row in default["history"]] == [1, 2, 3]
+    assert default["num_clients"] == 10 and default["outcome"] == "completed"
+    assert all(row["rejected_replies"] == 0 and row["clients"] == list(range(10))
+               for row in default["history"])
+    # The linear command: dotted pvi.damping reached the apps; exact after one round.
+    out_dir = app / _output_dir(FLWR_COMMANDS[1])
     result = json.loads((out_dir / "result.json").read_text())
-    assert len(result["history"]) == NUM_ROUNDS
-    assert [row["round"] for row in result["history"]] == list(range(1, NUM_ROUNDS + 1))
-    assert result["num_clients"] == NUM_CLIENTS
-    assert result["engine"] == "simulation"
-    for row in result["history"]:  # every simulated SuperNode answered, every reply accepted
-        assert row["clients"] == list(range(NUM_CLIENTS))
-        assert row["rejected_replies"] == 0
-    assert result["run_config"]["model"] == "linear-regression"
-
-    exp = build_experiment(parse_run_config(overrides))
+    assert result["engine"] == "simulation" and result["run_config"]["pvi.damping"] == 1.0
+    assert result["num_clients"] == 3 and len(result["history"]) == 2
+    exp = build_experiment(parse_run_config({"model": "linear-regression", "dataset": "synthetic",
+                                             "num-clients": 3, "pvi.damping": 1.0}))
     exact = models.exact_posterior(exp.model, exp.prior, exp.dataset.x_train,
                                    exp.dataset.y_train)
     mean, cov = G.to_moments(exact)

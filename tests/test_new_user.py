@@ -235,3 +235,58 @@ def test_reused_output_dir_loses_stale_result_files_only(tmp_path):
     assert code == 0
     assert not (out / "reliability.png").exists()  # a regression run draws no reliability plot
     assert (out / "mine.txt").read_text() == "keep"
+
+
+# --- waiting for nodes ---------------------------------------------------------------------------
+class _FakeGrid:
+    """Nodes that join over time (as SuperNodes do in deployment); answers partition queries."""
+
+    def __init__(self, joins, num_partitions):
+        import time
+
+        self.t0, self.joins, self.n = time.monotonic(), joins, num_partitions
+
+    def get_node_ids(self):
+        import time
+
+        elapsed = time.monotonic() - self.t0
+        return [100 + pid for pid, at in self.joins.items() if at <= elapsed]
+
+    def send_and_receive(self, messages, timeout):
+        from types import SimpleNamespace
+
+        def reply(node):
+            config = {"partition-id": node - 100, "num-partitions": self.n}
+            return SimpleNamespace(metadata=SimpleNamespace(src_node_id=node),
+                                   has_error=lambda: False,
+                                   content=SimpleNamespace(config_records={"config": config}))
+        return [reply(m.metadata.dst_node_id) for m in messages]
+
+
+def test_partition_map_waits_logs_progress_and_times_out_with_one_line(monkeypatch, caplog):
+    import logging
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    import strategies.nodes as nodes
+
+    monkeypatch.setattr(nodes, "POLL_S", 0.01)
+    monkeypatch.setattr(nodes, "PROGRESS_S", 0.05)
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    flwr_logger = logging.getLogger("flwr")
+    propagate, flwr_logger.propagate = flwr_logger.propagate, True  # so caplog sees its lines
+    try:
+        # 0 nodes at first, the third joins late: it waits (logging progress) and maps all
+        grid = _FakeGrid({0: 0.0, 1: 0.05, 2: 0.3}, 3)
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            assert nodes.partition_map(grid, 3, timeout=5) == {0: 100, 1: 101, 2: 102}
+        assert any("waiting for partitions [2]" in r.getMessage() for r in caplog.records)
+        # a partition that never comes: one line naming it, after node-timeout
+        with pytest.raises(nodes.PartitionError) as err:
+            nodes.partition_map(_FakeGrid({0: 0.0, 1: 0.0}, 3), 3, timeout=0.2)
+        assert "partition ids [2] after 0 s (2 of 3 partitions connected)" in str(err.value)
+        assert len(str(err.value).splitlines()) == 1
+    finally:
+        flwr_logger.propagate = propagate
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
