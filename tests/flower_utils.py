@@ -17,6 +17,7 @@ Flower 1.42 facts used here (read from the installed ``flwr`` source):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -236,3 +237,17 @@ def stop_flower(flwr_home: Path) -> list[int]:
     rest = processes_of(flwr_home)
     stop_pids(rest)
     return stopped + rest
+
+
+@contextlib.contextmanager
+def task_identity(run_id: int = 1, node_id: int = 1, task_id: int = 1):
+    """Let a test build Flower ``Message`` objects outside a Flower process (Flower stamps them
+    with the current task's identity); the previous identity is restored afterwards."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, node_id, task_id
+    try:
+        yield
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved

@@ -119,14 +119,10 @@ def test_generic_modules_work_without_pvi(tmp_path):
 
 def test_generic_client_handler_without_ray():
     """The ClientApp's handler answers a request built by hand exactly as the library does."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from flower_utils import task_identity
 
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    try:
+    with task_identity():
         _handler_round_trip()
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
 def _handler_round_trip():

@@ -136,8 +136,8 @@ def test_holdout_and_errors_through_the_real_process(tmp_path):
 def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
     """A server built for 5 partitions with ``clients.app`` defaults (10): the client names the
     differing keys, and the strategy turns that reply into a stop (not a rejection)."""
+    from flower_utils import task_identity
     from flwr.app import Context, Error, Message, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     from clients.handler import handle
     from fedbayes_flwr.algorithms.base import Request
@@ -146,9 +146,7 @@ def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
     from fedbayes_flwr.experiment import build_experiment
     from strategies import PVIStrategy
 
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    try:
+    with task_identity():
         client_exp = build_experiment(parse_run_config({}))  # clients.app's defaults: 10 clients
         server = PVIStrategy(client_exp.prior, num_clients=5, run_seed=0)
         server.nodes, server.partition_of = {0: 11}, {11: 0}
@@ -169,8 +167,6 @@ def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
         ok = handle(client_exp, 0, same._encode(None, 0, request, 1, 0),
                     Context(1, 11, {"partition-id": 0}, RecordDict(), {}))
         assert not ok.has_error()
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
 # --- Ctrl-C ------------------------------------------------------------------------------------
@@ -266,27 +262,42 @@ class _FakeGrid:
 def test_partition_map_waits_logs_progress_and_times_out_with_one_line(monkeypatch, caplog):
     import logging
 
-    from flwr.supercore.task_identity import TaskIdentity
+    from flower_utils import task_identity
 
     import strategies.nodes as nodes
 
     monkeypatch.setattr(nodes, "POLL_S", 0.01)
     monkeypatch.setattr(nodes, "PROGRESS_S", 0.05)
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     flwr_logger = logging.getLogger("flwr")
     propagate, flwr_logger.propagate = flwr_logger.propagate, True  # so caplog sees its lines
-    try:
-        # 0 nodes at first, the third joins late: it waits (logging progress) and maps all
-        grid = _FakeGrid({0: 0.0, 1: 0.05, 2: 0.3}, 3)
-        with caplog.at_level(logging.INFO, logger="flwr"):
-            assert nodes.partition_map(grid, 3, timeout=5) == {0: 100, 1: 101, 2: 102}
-        assert any("waiting for partitions [2]" in r.getMessage() for r in caplog.records)
-        # a partition that never comes: one line naming it, after node-timeout
-        with pytest.raises(nodes.PartitionError) as err:
-            nodes.partition_map(_FakeGrid({0: 0.0, 1: 0.0}, 3), 3, timeout=0.2)
-        assert "partition ids [2] after 0 s (2 of 3 partitions connected)" in str(err.value)
-        assert len(str(err.value).splitlines()) == 1
-    finally:
-        flwr_logger.propagate = propagate
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+    with task_identity():
+        try:
+            # 0 nodes at first, the third joins late: it waits (logging progress) and maps all
+            grid = _FakeGrid({0: 0.0, 1: 0.05, 2: 0.3}, 3)
+            with caplog.at_level(logging.INFO, logger="flwr"):
+                assert nodes.partition_map(grid, 3, timeout=5) == {0: 100, 1: 101, 2: 102}
+            assert any("waiting for partitions [2]" in r.getMessage() for r in caplog.records)
+            # a partition that never comes: one line naming it, after node-timeout
+            with pytest.raises(nodes.PartitionError) as err:
+                nodes.partition_map(_FakeGrid({0: 0.0, 1: 0.0}, 3), 3, timeout=0.2)
+            assert "partition ids [2] after 0 s (2 of 3 partitions connected)" in str(err.value)
+            assert len(str(err.value).splitlines()) == 1
+        finally:
+            flwr_logger.propagate = propagate
+
+
+# --- noise ---------------------------------------------------------------------------------------
+def test_cli_output_is_quiet_and_plain(tmp_path):
+    """No TensorFlow C++ start-up lines, no ANSI colour codes off a terminal, and one notice line
+    when a preset changes a key the user set (``vcl`` runs one pass of num-clients updates)."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_simulation.py"), "--engine",
+                           "in-process", "--quiet", "--algorithm", "vcl", "--num-rounds", "2",
+                           "--model", "linear-regression", "--dataset", "synthetic",
+                           "--num-clients", "3", "--output-dir", str(tmp_path / "q")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    err = proc.stderr
+    for noise in ("I0000", "oneDNN", "cuda", "absl", "\x1b["):
+        assert noise not in err, (noise, err[-2000:])
+    assert err.strip().splitlines() == ["warning: algorithm 'vcl' fixes num-rounds=3 (you gave 2)"]
