@@ -173,8 +173,12 @@ def test_sample_posterior_keeps_chains_and_saves_them(tmp_path):
     assert SamplePosterior(chains[0]).chains.shape == (1, 50, 2)
     with pytest.raises(ValueError, match="shape"):
         SamplePosterior(np.zeros(5))
+    # mean-field: the variance vector (O(d)); full covariance: the matrix
     GaussianPosterior(G.from_moments(np.zeros(2), np.ones(2))).save(tmp_path / "g.npz")
     with np.load(tmp_path / "g.npz") as z:
+        assert {"mean", "std", "var", "eta1", "eta2"} == set(z.files)
+    GaussianPosterior(G.from_moments(np.zeros(2), np.eye(2))).save(tmp_path / "f.npz")
+    with np.load(tmp_path / "f.npz") as z:
         assert {"mean", "std", "cov", "eta1", "eta2"} == set(z.files)
 
 
