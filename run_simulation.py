@@ -213,6 +213,8 @@ def quiet_flower_logs() -> None:
 def run_flower_simulation(overrides: dict, num_clients: int, num_cpus: float,
                           progress: bool = True) -> None:
     """Run the ServerApp and ClientApps in Flower's Simulation Engine (Ray)."""
+    # Ray colours the "(pid=...)" prefix of forwarded actor lines: not in a log file
+    os.environ.setdefault("RAY_COLOR_PREFIX", "1" if sys.stderr.isatty() else "0")
     from flwr.simulation import run_simulation
 
     quiet_flower_logs()
