@@ -301,3 +301,24 @@ def test_cli_output_is_quiet_and_plain(tmp_path):
     for noise in ("I0000", "oneDNN", "cuda", "absl", "\x1b["):
         assert noise not in err, (noise, err[-2000:])
     assert err.strip().splitlines() == ["warning: algorithm 'vcl' fixes num-rounds=3 (you gave 2)"]
+
+
+def test_strategy_summary_lists_only_the_settings_that_were_changed(caplog):
+    """A conjugate run is not told about Adam's 1000 local steps: the summary names only the
+    section keys that differ from their defaults."""
+    import logging
+
+    from fedbayes_flwr import gaussian as G
+    from fedbayes_flwr.algorithms.pvi import PVIConfig
+    from strategies import PVIStrategy
+
+    flwr_logger = logging.getLogger("flwr")
+    propagate, flwr_logger.propagate = flwr_logger.propagate, True
+    try:
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            PVIStrategy(G.from_moments(np.zeros(2), np.eye(2)), 3,
+                        config=PVIConfig(damping=1.0)).summary()
+    finally:
+        flwr_logger.propagate = propagate
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "non-default keys {'damping': 1.0}" in text and "local-steps" not in text, text
