@@ -50,6 +50,8 @@ BNN = {"model": "bnn-classifier", "dataset": "synthetic", "synthetic-size": 300,
        "local-steps": 300, "learning-rate": 0.02, "batch-size": 32, "seed": 0}
 
 
+# global-vi pools the shared settings' clients and fixes damping 1: its preset notice is expected
+@pytest.mark.filterwarnings("ignore::fedbayes_flwr.config.PresetNotice")
 @pytest.mark.parametrize("algorithm, schedule, rounds", [
     ("global-vi", "synchronous", 2), ("pvi", "synchronous", 3), ("pvi", "sequential", 6),
     ("pvi", "asynchronous", 6)])

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -44,6 +45,7 @@ def _bad_cases(tmp_path):
     ]
 
 
+@pytest.mark.filterwarnings("ignore::fedbayes_flwr.data.DataWarning")  # f.npz has no x_test
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     for argv, expected in _bad_cases(tmp_path):
         code = run_simulation.main([*argv, "--output-dir", str(tmp_path / "out")])
@@ -153,9 +155,12 @@ def test_rows_held_out_of_a_file_without_x_test_are_reported(tmp_path):
     x = rng.normal(size=(50, 3))
     path = _npz(tmp_path, "h.npz", x_train=x, y_train=x @ np.ones(3))
     out = tmp_path / "h"
-    code = run_simulation.main(["--engine", "in-process", "--model", "linear-regression",
-                                "--data", path, "--num-clients", "2", "--num-rounds", "1",
-                                "--output-dir", str(out), "--quiet"])
+    from fedbayes_flwr.data import DataWarning
+
+    with pytest.warns(DataWarning, match="held out 10 of 50 rows"):
+        code = run_simulation.main(["--engine", "in-process", "--model", "linear-regression",
+                                    "--data", path, "--num-clients", "2", "--num-rounds", "1",
+                                    "--output-dir", str(out), "--quiet"])
     assert code == 0
     assert json.loads((out / "result.json").read_text())["holdout_rows"] == 10
 

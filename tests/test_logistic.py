@@ -15,7 +15,8 @@ KEYS = {"model": "logistic-regression", "dataset": "breast-cancer", "num-clients
 @pytest.fixture(scope="module")
 def global_vi(tmp_path_factory):
     out = tmp_path_factory.mktemp("gvi")
-    return run_in_process(parse_run_config({**KEYS, "algorithm": "global-vi",
+    pooled = {k: v for k, v in KEYS.items() if k != "num-clients"}  # global-vi pools the data
+    return run_in_process(parse_run_config({**pooled, "algorithm": "global-vi",
                                             "output-dir": str(out)}), progress=False)
 
 
