@@ -74,12 +74,23 @@ def test_simulation_equals_in_process_with_rejected_nan_reply(tmp_path):
 
 
 def test_client_exception_is_counted_and_run_recovers_exactly(tmp_path):
-    """A ClientApp that raises in round 1 is rejected; in round 2 it adds its factor once."""
+    """A ClientApp that raises in round 1 is rejected; in round 2 it adds its factor once.
+    Recorded every 2 updates (``eval-every``): the Flower rows equal the in-process rows."""
     argv = ["--model", "linear-regression", "--dataset", "diabetes", "--num-clients", "3",
-            "--num-rounds", "2", "--partition", "iid"]
-    result, post = _simulate(tmp_path / "err", argv, "damping=1.0 inject-fault='error@1:2'")
+            "--num-rounds", "4", "--partition", "iid"]
+    result, post = _simulate(tmp_path / "err", argv,
+                             "damping=1.0 eval-every=2 inject-fault='error@1:2'")
+    assert [h["round"] for h in result["history"]] == [2, 4]
     assert [h["rejected_replies"] for h in result["history"]] == [1, 0]
     assert "client error" in result["history"][0]["rejections"][0]["reason"]
+    local = run_in_process(parse_run_config({
+        "model": "linear-regression", "dataset": "diabetes", "num-clients": 3, "num-rounds": 4,
+        "partition": "iid", "damping": 1.0, "eval-every": 2, "inject-fault": "error@1:2",
+        "output-dir": str(tmp_path / "local")}), progress=False)
+    keep = ("round", "test_rmse", "test_nll", "log_marginal_likelihood", "bytes_down",
+            "bytes_up", "clients")
+    assert ([{k: h[k] for k in keep} for h in result["history"]]
+            == [{k: h[k] for k in keep} for h in local["history"]])
     from fedbayes_flwr import gaussian as G
     from fedbayes_flwr import models
     from fedbayes_flwr.experiment import build_experiment
