@@ -153,7 +153,10 @@ class _InProcess:
         self.exp = exp
         self.clients = {pid: exp.bundle.init_client(exp.setup, pid) for pid in range(exp.num_clients)}
 
-    def reply(self, server_state, pid: int, request, number: int, attempt: int, tally: Tally):
+    def reply(self, server_state, pid: int, request, number: int, attempt: int, tally: Tally,
+              judged: bool = True):
+        """The client's reply (or Rejection); ``judged`` validates it against ``server_state``
+        now (barrier), else the caller judges it against the state it lands on (arrival)."""
         tally.down += payload_nbytes(request.message)
         try:
             self.clients[pid], reply = client_work(self.exp, self.clients[pid], pid, request,
@@ -161,6 +164,8 @@ class _InProcess:
         except InjectedFault as err:
             return Rejection(pid, "reply", f"client failed ({err.kind})")
         tally.up += payload_nbytes(reply)
+        if not judged:
+            return reply
         exp = self.exp
         return judge(exp.bundle, exp.setup, exp.actions, server_state, pid, request.action, reply)
 
@@ -258,14 +263,14 @@ def _iterate_on_arrival(exp: Experiment, num_updates: int):
         rnd = Round(number, 0, round_seed(config.seed, bundle.name, number, 0), frozenset(idle),
                     eval_point(number, config.eval_every, num_updates))
         for pid, req in sorted(bundle.requests(state, setup, rnd).items()):
-            reply = side.reply(state, pid, req, number, 0, tally)
+            reply = side.reply(state, pid, req, number, 0, tally, judged=False)
             heapq.heappush(queue, (now + durations[pid], pid, req.action, reply))
             idle.discard(pid)
         if not queue:
             raise RuntimeError(f"bundle {bundle.name!r} sent no request with every client idle")
         now, pid, action, reply = heapq.heappop(queue)
         idle.add(pid)
-        if not isinstance(reply, Rejection):  # judged again against the state it lands on
+        if not isinstance(reply, Rejection):  # judged against the state it lands on, as in Flower
             reply = judge(bundle, setup, exp.actions, state, pid, action, reply)
         state, info = bundle.server_step(state, [(pid, reply)], setup, rnd)
         update += info.updates
