@@ -40,9 +40,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Every run-config key (see README) can be set with --run-config \"key=value ...\".")
+    with _silenced_stderr_fd():  # the registry's families import TensorFlow
+        from fedbayes_flwr.algorithms import registry
+
+        algorithms = ", ".join(registry.names())
     for flag, kind in FLAGS.items():
+        extra = f": one of {algorithms} (the registry)" if flag == "algorithm" else ""
         parser.add_argument(f"--{flag}", type=kind, default=None,
-                            help=f"run-config key '{flag}'")
+                            help=f"run-config key '{flag}'{extra}")
     parser.add_argument("--engine", choices=("simulation", "in-process"), default="simulation",
                         help="Flower's Simulation Engine (default) or the library alone")
     parser.add_argument("--run-config", action="append", default=[],
@@ -139,9 +144,9 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. the rows held out of a file without x_test
-    args = parse_args(argv)
     with _silenced_stderr_fd():
         import tensorflow  # noqa: F401  (its C++ start-up noise goes to /dev/null)
+    args = parse_args(argv)
     from fedbayes_flwr.config import ConfigError, parse_run_config
     from fedbayes_flwr.data import DataError
     from fedbayes_flwr.experiment import build_experiment

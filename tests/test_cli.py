@@ -177,3 +177,12 @@ def test_holdout_warning_is_one_console_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: data file")]
     assert len(lines) == 1 and "held out 10 of 50 rows" in lines[0]
+
+
+def test_algorithm_choices_in_the_help_come_from_the_registry(capsys):
+    from fedbayes_flwr.algorithms import registry
+
+    with pytest.raises(SystemExit):
+        run_simulation.parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(name in out for name in registry.names()) and "global-vi-federated" in out
