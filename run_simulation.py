@@ -177,15 +177,14 @@ def main(argv=None) -> int:
     with open(result_file) as f:
         result = json.load(f)
     outcome = result.get("outcome")
+    last = result["history"][-1]["round"] if result["history"] else 0
     if outcome == "interrupted":
-        last = result["history"][-1]["round"] if result["history"] else 0
         print(f"interrupted after update {last} of {config.num_rounds}; results in "
               f"{config.output_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if outcome == "failed":  # the recorder printed the one-line reason
         return EXIT_FAILED
     if outcome not in ("completed", "done", "time-limit"):
-        last = result["history"][-1]["round"] if result["history"] else 0
         why = result.get("reason", "see the log above")
         print(f"error: the run ended '{outcome}' after update {last} of {config.num_rounds}: "
               f"{why} (finished rows are in {result_file})", file=sys.stderr)

@@ -16,15 +16,12 @@ from flwr.app import Context, Message
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Request
 from fedbayes_flwr.engine import client_work
-from fedbayes_flwr.experiment import Experiment, fingerprint, mismatches
+from fedbayes_flwr.experiment import EXPECT, MISMATCH, Experiment, fingerprint, mismatches
 from fedbayes_flwr.faults import client_delay_s
 
 
 def state_key(exp: Experiment) -> str:
     return f"{exp.bundle.name}.client-state"
-
-
-EXPECT, MISMATCH = "expect.", "experiment mismatch"
 
 
 def check_same_experiment(exp: Experiment, envelope) -> None:

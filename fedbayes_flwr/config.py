@@ -27,7 +27,7 @@ from .algorithms import registry
 from .errors import ConfigError
 
 __all__ = ["ConfigError", "RunConfig", "KEYS", "parse_run_config", "parse_override_string",
-           "parse_fault", "straggler_ids", "section_keys", "FAULT_KINDS"]
+           "parse_fault", "straggler_ids", "section_items", "section_keys", "FAULT_KINDS"]
 
 FAULT_KINDS = ("nan", "negative-precision", "error", "drop")
 # Float keys where infinity is meaningful: "no limit" (as is 0).
@@ -80,7 +80,7 @@ class RunConfig:
                for f in dataclasses.fields(self) if f.name != "section"}
         if self.section is not None:
             prefix = self.bundle_name
-            out.update({f"{prefix}.{k}": v for k, v in _section_dict(self.section).items()})
+            out.update({f"{prefix}.{k}": v for k, v in section_items(self.section).items()})
         return out
 
     def replace(self, **changes) -> RunConfig:
@@ -94,7 +94,11 @@ class RunConfig:
 KEYS = tuple(f.name.replace("_", "-") for f in dataclasses.fields(RunConfig) if f.name != "section")
 
 
-def _section_dict(section) -> dict:
+def section_items(section) -> dict:
+    """``{kebab-case key: value}`` of an algorithm's config section (a dataclass instance;
+    anything else has no keys)."""
+    if not dataclasses.is_dataclass(section):
+        return {}
     return {f.name.replace("_", "-"): getattr(section, f.name) for f in dataclasses.fields(section)}
 
 
@@ -166,8 +170,9 @@ def parse_run_config(values: dict | None = None, base: RunConfig | None = None) 
     config = base.replace(**common, section=section)
     validate(config)
     if entry.preset is not None:
-        config = entry.preset(config)
-        _notice_overridden(algorithm, values, config)
+        fixed = entry.preset(config)
+        _notice_overridden(algorithm, values, config, fixed)
+        config = fixed
     return config
 
 
@@ -175,24 +180,16 @@ class PresetNotice(UserWarning):
     """An algorithm preset changed a key the user set."""
 
 
-def _notice_overridden(algorithm: str, values: dict, config: RunConfig) -> None:
+def _notice_overridden(algorithm: str, values: dict, before: RunConfig, after: RunConfig) -> None:
     """One warning line per key the user set that the preset fixed to another value."""
     import warnings
 
-    effective = config.to_run_config()
-    prefix = config.bundle_name
-    for key, given in values.items():
-        final = effective.get(key, effective.get(f"{prefix}.{key}"))
-        if final is not None and key != "algorithm" and _differs(given, final):
-            warnings.warn(f"algorithm {algorithm!r} fixes {key}={final!r} (you gave {given!r})",
-                          PresetNotice, stacklevel=3)
-
-
-def _differs(given, final) -> bool:
-    try:
-        return type(final)(given) != final
-    except (TypeError, ValueError):
-        return True
+    given, fixed = before.to_run_config(), after.to_run_config()
+    for key in values:
+        name = key if key in given else f"{after.bundle_name}.{key.rpartition('.')[2]}"
+        if key != "algorithm" and name in fixed and fixed[name] != given.get(name):
+            warnings.warn(f"algorithm {algorithm!r} fixes {key}={fixed[name]!r} "
+                          f"(you gave {given[name]!r})", PresetNotice, stacklevel=3)
 
 
 def straggler_ids(c: RunConfig) -> tuple[int, ...]:

@@ -237,15 +237,22 @@ def stop_on_failure(bundle_name: str, number: int, replies: dict) -> None:
                          f"{r.reason}); the {bundle_name} bundle stops on failures")
 
 
-def _outcome(exp, state, t0, finished) -> str | None:
-    """None to go on, else why the run ends here: completed, done, or time limit."""
+def outcome(bundle, setup, state, finished: bool, elapsed_s: float,
+            max_seconds: float) -> str | None:
+    """At an evaluation point: None to go on, else why the run ends here (``completed``,
+    ``done`` by the bundle's rule, or ``time-limit``). Both engines call this."""
     if finished:
         return "completed"
-    if exp.bundle.done(state, exp.setup):
+    if bundle.done(state, setup):
         return "done"
-    if exp.config.max_seconds and time.perf_counter() - t0 >= exp.config.max_seconds:
+    if max_seconds and elapsed_s >= max_seconds:
         return "time-limit"
     return None
+
+
+def _outcome(exp, state, t0, finished) -> str | None:
+    return outcome(exp.bundle, exp.setup, state, finished, time.perf_counter() - t0,
+                   exp.config.max_seconds)
 
 
 def _iterate_on_arrival(exp: Experiment, num_updates: int):

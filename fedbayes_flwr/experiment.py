@@ -14,7 +14,7 @@ import numpy as np
 
 from .algorithms import registry
 from .algorithms.base import ActionSpec, Bundle, ClientData, Setup
-from .config import RunConfig
+from .config import RunConfig, section_items
 from .data import Dataset, load_dataset, partition_indices
 from .gaussian import NaturalGaussian
 from .models import Model, make_model, model_class, parse_hidden
@@ -92,6 +92,9 @@ def payload_nbytes(obj) -> int:
 # Keys a node may set for itself (its own data file, its own speed, where the server writes) and
 # keys only the server reads: never compared between server and clients.
 NODE_LOCAL_KEYS = ("data", "client-delay", "output-dir")
+# A request carries the server's fingerprint under this ConfigRecord prefix; a client whose own
+# differs fails with a message starting with MISMATCH (the strategy stops the run on it).
+EXPECT, MISMATCH = "expect.", "experiment mismatch"
 SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries", "node-timeout")
 
 
@@ -102,13 +105,9 @@ def fingerprint(bundle_name: str, setup: Setup, run_config: dict | None = None) 
     bundle's config section; plus every key of ``run_config`` (a kebab-case run config) except
     :data:`NODE_LOCAL_KEYS` and :data:`SERVER_ONLY_KEYS`.
     """
-    import dataclasses
-
     out = {"bundle": bundle_name, "num-clients": int(setup.num_clients),
            "param-dim": int(setup.prior.dim), "seed": int(setup.run_seed)}
-    if dataclasses.is_dataclass(setup.config):
-        out.update({f"{bundle_name}.{f.name.replace('_', '-')}": getattr(setup.config, f.name)
-                    for f in dataclasses.fields(setup.config)})
+    out.update({f"{bundle_name}.{k}": v for k, v in section_items(setup.config).items()})
     for key, value in (run_config or {}).items():
         if key not in NODE_LOCAL_KEYS and key not in SERVER_ONLY_KEYS and key not in out:
             out[key] = value

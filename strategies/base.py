@@ -32,6 +32,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, round_seed
+from fedbayes_flwr.config import section_items
 from fedbayes_flwr.engine import (
     RoundLog,
     RunStopped,
@@ -39,16 +40,15 @@ from fedbayes_flwr.engine import (
     check_stop,
     eval_point,
     judge,
+    outcome,
     stop_on_failure,
 )
-from fedbayes_flwr.experiment import fingerprint, payload_nbytes
+from fedbayes_flwr.experiment import EXPECT, MISMATCH, fingerprint, payload_nbytes
 
 from .nodes import partition_map
 
 POLL_S = 0.002
 BARRIER_POLL_S = 0.05  # pull interval of a barrier exchange (Flower's own sleeps 3 s deployed)
-EXPECT = "expect."  # ConfigRecord prefix of the experiment-defining keys a request carries
-MISMATCH = "experiment mismatch"
 
 
 def message_type(category: str, bundle_name: str) -> str:
@@ -96,7 +96,7 @@ class BundleStrategy(Strategy):
         self.outcome: str | None = None
         self._tally = Tally()
         self._update, self._step, self._settled, self._recorded = 0, 0, True, 0
-        self._pending: dict[int, tuple] = {}
+        self._pending: dict[int, object] = {}  # partition -> Request of the current exchange
         self._num_updates = 1
         self._rnd: Round | None = None
 
@@ -179,15 +179,15 @@ class BundleStrategy(Strategy):
         the same path)."""
         self._rnd = self._next_round(frozenset(range(self.num_clients)))
         requests = self.bundle.requests(self.state, self.setup, self._rnd)
-        self._pending = {pid: (req, 0) for pid, req in sorted(requests.items())}
+        self._pending = dict(sorted(requests.items()))
         return [self._encode(grid, pid, req, self._rnd.number, 0)
-                for pid, (req, _) in self._pending.items()]
+                for pid, req in self._pending.items()]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         """Decode, validate and apply the exchange's replies (one server step)."""
         got = self._by_partition(replies)
         decoded = {pid: self._decode(pid, req.action, got.get(pid))
-                   for pid, (req, _) in self._pending.items()}
+                   for pid, req in self._pending.items()}
         self._apply(decoded)
         return self.posterior_arrays(), MetricRecord({
             "rejected-replies": sum(isinstance(r, Rejection) for r in decoded.values())})
@@ -218,11 +218,11 @@ class BundleStrategy(Strategy):
                 if not failed:
                     break
                 self._tally.retried += len(failed)
-                messages = [self._encode(grid, pid, self._requests[pid], self._rnd.number,
+                messages = [self._encode(grid, pid, self._pending[pid], self._rnd.number,
                                          attempt) for pid in failed]
                 got = self._by_partition(self._send_and_receive(grid, messages, timeout))
                 for pid in failed:
-                    decoded[pid] = self._decode(pid, self._requests[pid].action, got.get(pid))
+                    decoded[pid] = self._decode(pid, self._pending[pid].action, got.get(pid))
         if policy == "stop":
             stop_on_failure(self.bundle.name, self._rnd.number, decoded)
         return decoded
@@ -258,12 +258,8 @@ class BundleStrategy(Strategy):
         finished = self._update >= self._num_updates
         if not (eval_point(self._update, self.eval_every, self._num_updates) or finished):
             return False
-        if finished:
-            self.outcome = "completed"
-        elif self.bundle.done(self.state, self.setup):
-            self.outcome = "done"
-        elif self.max_seconds and time.monotonic() - self._t0 >= self.max_seconds:
-            self.outcome = "time-limit"
+        self.outcome = outcome(self.bundle, self.setup, self.state, finished,
+                               time.monotonic() - self._t0, self.max_seconds)
         self._recorded = self._update
         self.round_logs[self._update] = self._tally.log(virtual_time)._replace(
             outcome=self.outcome)
@@ -291,10 +287,9 @@ class BundleStrategy(Strategy):
         while True:
             check_stop()
             messages = self.configure_train(self._update, ArrayRecord(), ConfigRecord(), grid)
-            self._requests = {pid: req for pid, (req, _) in self._pending.items()}
             got = self._by_partition(self._send_and_receive(grid, messages, timeout))
             decoded = {pid: self._decode(pid, req.action, got.get(pid))
-                       for pid, req in self._requests.items()}
+                       for pid, req in self._pending.items()}
             self._apply(self._retry_or_stop(grid, decoded, timeout))
             if self._settled and self._record(evaluate_fn, result):
                 return
@@ -329,7 +324,6 @@ class BundleStrategy(Strategy):
             reply = arrived.pop(0)
             pid, req = in_flight.pop(reply.metadata.reply_to_message_id)
             idle.add(pid)
-            self._pending = {pid: (req, 0)}
             self._apply({pid: self._decode(pid, req.action, reply)})
             if self._record(evaluate_fn, result, round(time.monotonic() - self._t0, 4)):
                 return
@@ -337,14 +331,9 @@ class BundleStrategy(Strategy):
     def summary(self) -> None:
         """One line: the bundle, partitions, seed and the section keys that differ from their
         defaults (settings that do not apply to this run are not listed as if they did)."""
-        import dataclasses
-
         config = self.setup.config
-        changed = {}
-        if dataclasses.is_dataclass(config):
-            default = type(config)()
-            changed = {f.name.replace("_", "-"): getattr(config, f.name)
-                       for f in dataclasses.fields(config)
-                       if getattr(config, f.name) != getattr(default, f.name)}
+        items = section_items(config)
+        defaults = section_items(type(config)()) if items else {}
+        changed = {k: v for k, v in items.items() if v != defaults[k]}
         log(INFO, "%s: %d partitions, seed %s, non-default keys %s", self.bundle.name,
             self.num_clients, self.run_seed, changed or "none")
