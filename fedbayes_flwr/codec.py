@@ -92,7 +92,8 @@ def _same_scalar_type(expected, got) -> bool:
     return isinstance(got, type(expected))
 
 
-def decode(content: RecordDict, kind: str, template, allow_inf: frozenset | tuple = ()):
+def decode(content: RecordDict, kind: str, template, allow_inf: frozenset | tuple = (),
+           exact_shapes: bool = True):
     """Rebuild a message of ``type(template)`` from ``content``, validating every field.
 
     Presence and scalar types are checked here; shape, dtype and finiteness by the library's
@@ -115,7 +116,7 @@ def decode(content: RecordDict, kind: str, template, allow_inf: frozenset | tupl
         message = _rebuild(template, kind, arrays, config)
     except CodecError as err:  # name the field relative to the message (delta.eta1)
         raise CodecError(err.field.removeprefix(f"{kind}."), err.reason) from None
-    problem = check_message(template, message, allow_inf)
+    problem = check_message(template, message, allow_inf, exact_shapes=exact_shapes)
     if problem is not None:
         raise CodecError(*problem)
     return message
@@ -140,9 +141,12 @@ def save_state(records: RecordDict, kind: str, state) -> None:
 
 
 def load_state(records: RecordDict, kind: str, template):
-    """Load what :func:`save_state` stored, or ``None`` if nothing was stored yet."""
+    """Load what :func:`save_state` stored, or ``None`` if nothing was stored yet.
+
+    Arrays are checked for dtype, rank and finiteness but not for their exact shape: a node's
+    own state may grow (U-DSVGD keeps two particle sets per visit)."""
     if f"{kind}.{_ARRAYS}" not in records:
         return None
     content = RecordDict({_ARRAYS: records[f"{kind}.{_ARRAYS}"],
                           _CONFIG: records[f"{kind}.{_CONFIG}"]})
-    return decode(content, kind, template)
+    return decode(content, kind, template, exact_shapes=False)

@@ -8,9 +8,10 @@ a score is the gradient of a log density, with the same ``(N, d)`` layout.
 * The AdaGrad-with-momentum step of the DSVGD reference code (:func:`adagrad_init`,
   :func:`adagrad_step`) and a plain SVGD loop over it (:func:`svgd`).
 * Isotropic Gaussian kernel density estimates (KDEs) of particle sets, their log densities and
-  scores computed with log-sum-exp and softmax weights (no floors), and the score of a ratio of
-  KDEs, the form of the DSVGD targets such as ``q^(i)(theta) / q^(i-1)(theta) t_k^(i-1)(theta)``
-  (:func:`kde_bandwidth`, :func:`kde_log_density`, :func:`kde_score`, :func:`log_ratio_score`).
+  scores computed with log-sum-exp and softmax weights (an optional kernel-term floor), and the
+  score of a ratio of KDEs, the form of the DSVGD targets such as
+  ``q^(i)(theta) / q^(i-1)(theta) t_k^(i-1)(theta)`` (:func:`kde_bandwidth`,
+  :func:`kde_log_density`, :func:`kde_score`, :func:`log_ratio_score`).
 
 Conventions that differ from the public reference code (kclip/DSVGD, ``Library/general_functions.py``)
 are stated where they apply: the reference median heuristic uses ``log(N + 1)`` and the median of
@@ -363,11 +364,20 @@ def kde_log_density(x, centres, bandwidth: float) -> np.ndarray:
     return logsumexp(logits, axis=1) - const
 
 
-def kde_score(x, centres, bandwidth: float) -> np.ndarray:
+def kde_score(x, centres, bandwidth: float, floor: float = 0.0) -> np.ndarray:
     """Score ``grad_x log KDE(x)`` of the isotropic Gaussian KDE of :func:`kde_log_density`.
 
     ``grad_x log KDE(x) = sum_n w_n(x) (c_n - x) / bandwidth^2`` with softmax weights
     ``w_n(x) = softmax_n(-||x - c_n||^2 / (2 bandwidth^2))``, stable at any distance.
+
+    With ``floor > 0`` every kernel term ``k_n(x) = exp(-||x - c_n||^2 / (2 bandwidth^2))`` (peak 1)
+    is replaced by ``max(k_n(x), floor)``, computed in log space: a term below the floor is a
+    constant, so it adds to the density (the softmax normaliser) but not to the gradient. This
+    is the reference code's ``1e-9`` floor made stable; far from every centre the score then
+    vanishes instead of pulling hard towards the nearest centre. DSVGD needs it: its targets are
+    *ratios* of KDEs, and without the floor the ratio's score between two particle clouds grows
+    like ``distance / bandwidth^2`` and diverges on second visits (measured in
+    :mod:`fedbayes_flwr.algorithms.dsvgd`).
 
     Parameters
     ----------
@@ -377,6 +387,8 @@ def kde_score(x, centres, bandwidth: float) -> np.ndarray:
         ``(N, d)`` KDE centres.
     bandwidth : float
         Kernel standard deviation.
+    floor : float, default 0.0
+        Floor of each kernel term relative to its peak (``0``: none; the reference uses ``1e-9``).
 
     Returns
     -------
@@ -390,12 +402,20 @@ def kde_score(x, centres, bandwidth: float) -> np.ndarray:
     Kassab & Simeone (2022), Section 5 (scores of the KDE factors in the SVGD targets).
     """
     x, c, logits, bw = _kde_logits(x, centres, bandwidth)
+    if floor:
+        if not 0.0 < floor < 1.0:
+            raise ValueError(f"floor must lie in [0, 1), got {floor}")
+        log_floor = float(np.log(floor))
+        live = logits > log_floor
+        w = softmax(np.where(live, logits, log_floor), axis=1) * live
+        return (w @ c - w.sum(axis=1, keepdims=True) * x) / (bw * bw)
     w = softmax(logits, axis=1)
     return (w @ c - x) / (bw * bw)
 
 
 def log_ratio_score(x, numerators: Sequence[tuple[np.ndarray, float]],
-                    denominators: Sequence[tuple[np.ndarray, float]] = ()) -> np.ndarray:
+                    denominators: Sequence[tuple[np.ndarray, float]] = (),
+                    floor: float = 0.0) -> np.ndarray:
     """Score of a product/ratio of Gaussian KDEs, ``grad_x log(prod_num KDE / prod_den KDE)``.
 
     The sum of :func:`kde_score` over the numerator KDEs minus the sum over the denominator KDEs:
@@ -410,6 +430,8 @@ def log_ratio_score(x, numerators: Sequence[tuple[np.ndarray, float]],
         ``(M, d)`` evaluation points.
     numerators, denominators : sequence of (centres, bandwidth)
         The KDEs multiplied and divided; each ``centres`` is ``(N_j, d)``.
+    floor : float, default 0.0
+        Kernel-term floor of every KDE (see :func:`kde_score`).
 
     Returns
     -------
@@ -424,7 +446,7 @@ def log_ratio_score(x, numerators: Sequence[tuple[np.ndarray, float]],
     x = _particles(x, "x")
     out = np.zeros_like(x)
     for centres, bw in numerators:
-        out = out + kde_score(x, centres, bw)
+        out = out + kde_score(x, centres, bw, floor)
     for centres, bw in denominators:
-        out = out - kde_score(x, centres, bw)
+        out = out - kde_score(x, centres, bw, floor)
     return out

@@ -16,7 +16,7 @@ def _is_namedtuple(obj) -> bool:
 
 
 def check_message(template, message, allow_inf: frozenset | tuple = (),
-                  prefix: str = "") -> tuple[str, str] | None:
+                  prefix: str = "", exact_shapes: bool = True) -> tuple[str, str] | None:
     """Return ``(field, reason)`` for the first field of ``message`` that breaks ``template``.
 
     Parameters
@@ -27,6 +27,11 @@ def check_message(template, message, allow_inf: frozenset | tuple = (),
         The message to check.
     allow_inf : collection of str
         Dotted field names (relative to the message) where infinities are allowed.
+    prefix : str
+        Dotted name of ``message`` inside an enclosing message (recursion).
+    exact_shapes : bool, default True
+        False compares only the number of dimensions: for a node's own stored state, which may
+        grow (U-DSVGD's factor gains two particle sets per visit). Replies are always exact.
 
     Returns
     -------
@@ -38,7 +43,7 @@ def check_message(template, message, allow_inf: frozenset | tuple = (),
     for name, expected, got in zip(template._fields, template, message, strict=True):
         field = f"{prefix}.{name}" if prefix else name
         if _is_namedtuple(expected):
-            problem = check_message(expected, got, allow_inf, field)
+            problem = check_message(expected, got, allow_inf, field, exact_shapes)
             if problem is not None:
                 return problem
         elif isinstance(expected, np.ndarray):
@@ -46,7 +51,7 @@ def check_message(template, message, allow_inf: frozenset | tuple = (),
                 return field, f"type {type(got).__name__}, expected an array"
             if got.dtype != expected.dtype:
                 return field, f"dtype {got.dtype}, expected {expected.dtype}"
-            if got.shape != expected.shape:
+            if got.shape != expected.shape and (exact_shapes or got.ndim != expected.ndim):
                 return field, f"shape {got.shape}, expected {expected.shape}"
             if got.dtype.kind == "f":
                 bad = np.isnan(got) if field in allow_inf else ~np.isfinite(got)

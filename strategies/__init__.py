@@ -10,9 +10,9 @@ from .base import BundleStrategy
 from .nodes import partition_map
 from .server_app import app, make_server_app
 
-_NAMED = {"PVIStrategy": ".pvi", "AsyncPVIStrategy": ".pvi"}
+_NAMED = {"PVIStrategy": ".pvi", "AsyncPVIStrategy": ".pvi", "DSVGDStrategy": ".dsvgd"}
 
-__all__ = ["AsyncPVIStrategy", "BundleStrategy", "PVIStrategy", "app", "make_server_app",
+__all__ = ["AsyncPVIStrategy", "BundleStrategy", "DSVGDStrategy", "PVIStrategy", "app", "make_server_app",
            "partition_map"]
 
 

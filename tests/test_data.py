@@ -29,6 +29,7 @@ MODELS = {
     "logistic-regression": ("binary", "logistic"),
     "bnn-classifier": ("multiclass", "softmax"),
     "bnn-regression": ("real", "sine"),
+    "logistic-hyperprior": ("binary", "logistic"),
 }
 
 
@@ -81,10 +82,10 @@ def _mean_tv(labels: np.ndarray, parts: list[np.ndarray]) -> float:
 
 
 def test_constants():
-    assert DATASETS == ("breast-cancer", "diabetes", "digits", "synthetic")
+    assert DATASETS == ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d")
     assert PARTITIONS == ("iid", "dirichlet", "pathological", "natural")
     assert TARGETS == ("none", "real", "binary", "multiclass")
-    assert SYNTHETIC == ("gaussian-mean", "linear", "logistic", "softmax", "sine")
+    assert SYNTHETIC == ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d")
     assert HUB_PREFIX == "hub:"
     assert issubclass(DataError, ValueError)
     assert issubclass(DataWarning, UserWarning)
@@ -212,7 +213,7 @@ def test_diabetes():
         ("digits", "binary", "^dataset 'digits' has 10-class labels; this model needs binary labels"),
         ("digits", "real", "'digits' has 10-class labels; this model needs real-valued targets"),
         ("digits", "none", "'digits' has 10-class labels; this model needs no targets"),
-        ("mnist", "binary", "breast-cancer, diabetes, digits, synthetic or hub:"),
+        ("mnist", "binary", "breast-cancer, diabetes, digits, synthetic, twonorm, mixture-1d or hub:"),
     ],
 )
 def test_bad_dataset_target(name, target, needle):

@@ -93,10 +93,14 @@ def test_toy_simulation_engine_equals_in_process(tmp_path):
 
 
 def test_generic_modules_work_without_pvi(tmp_path):
-    """Block PVI's module, import every generic piece, run the toy with a registry of one."""
+    """Block every family module, import every generic piece, run the toy with a registry of
+    one."""
+    from fedbayes_flwr.algorithms.registry import BUILTIN_MODULES
+
     code = textwrap.dedent(f"""
         import sys
-        sys.modules["fedbayes_flwr.algorithms.pvi"] = None  # any import of it now fails
+        for name in {BUILTIN_MODULES!r}:
+            sys.modules[name] = None  # any import of it now fails
         import fedbayes_flwr.engine, fedbayes_flwr.config, fedbayes_flwr.recorder
         import strategies.base, clients.client_app, clients.handler
         from fedbayes_flwr.algorithms import registry

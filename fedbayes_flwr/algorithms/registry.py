@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from .base import Bundle
 
 # One line per family: the module whose import registers it.
-BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi",)
+BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi", "fedbayes_flwr.algorithms.dsvgd")
 
 
 class Entry(NamedTuple):

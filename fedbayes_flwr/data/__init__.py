@@ -13,7 +13,7 @@ Bad data or configuration raises :class:`DataError` with a one-line message; row
 out as a test set from a source without one are reported with a :class:`DataWarning`.
 
 The package knows no model names. Modules: :mod:`.base` (types, errors, helpers),
-:mod:`.embedded` (scikit-learn sets), :mod:`.synthetic` (generated data), :mod:`.npz`
+:mod:`.embedded` (scikit-learn sets, twonorm, mixture-1d), :mod:`.synthetic` (generated data), :mod:`.npz`
 (user files), :mod:`.hub` (hub datasets), :mod:`.partitions` (client splits).
 """
 
@@ -83,6 +83,21 @@ def load_dataset(
           meaning), 10 classes; for target ``"multiclass"``.
         * ``"synthetic"``: generated from `seed` by the generator `synthetic` (see
           below), for any target its generator fits.
+        * ``"twonorm"``: Breiman's (1996) twonorm, 7400 x 20, ``x | y ~ N(a 1, I)`` for
+          ``y = 1`` and ``N(-a 1, I)`` for ``y = 0`` with ``a = 2 / sqrt(20)``, 3700 rows
+          per class, generated from a fixed internal seed (the same data for every run),
+          not standardised; stratified fixed split like ``"breast-cancer"``; for targets
+          ``"binary"`` or ``"multiclass"``. Used by DSVGD's Bayesian logistic regression
+          (Kassab & Simeone 2022, Section 7).
+        * ``"mixture-1d"``: the two local likelihoods of DSVGD's 1-D toy (Kassab &
+          Simeone 2022, Section 7.1), one row per agent, each row ``(w_1, m_1, v_1, w_2,
+          m_2, v_2)`` meaning ``sum_j w_j N(theta | m_j, v_j)`` (``v`` a variance):
+          ``[1, 1, 4, 0, 0, 1]`` (``N(theta | 1, 4)``) and ``[1, -3, 1, 1, 3, 2]``
+          (``N(theta | -3, 1) + N(theta | 3, 2)``). The rows are likelihood
+          specifications, not samples: the test rows are the same two rows (no holdout,
+          `test_fraction` unused); for target ``"none"`` only. Partitioned over 2
+          clients with ``"dirichlet"`` (the run configuration's default) or ``"iid"``,
+          each client gets one row.
     target : str
         The target kind the model needs, one of :data:`TARGETS`: ``"none"`` (no
         targets, ``y_train`` and ``y_test`` are ``None``), ``"real"`` (float64
@@ -111,14 +126,16 @@ def load_dataset(
     synthetic_size : int, optional
         Total number of rows (train plus test) of the synthetic dataset.
     synthetic_dim : int, optional
-        Input dimension of the synthetic dataset.
+        Input dimension of the synthetic dataset (``mixture-1d``: mixture components per
+        row, ``3 * synthetic_dim`` columns).
     noise_scale : float, optional
         Observation noise standard deviation of the synthetic ``gaussian-mean``,
         ``linear`` and ``sine`` data. Synthetic data are: ``gaussian-mean``
         ``x ~ N(mu, noise^2 I)``; ``linear`` ``y = x.w + noise``; ``logistic``
         ``y ~ Bernoulli(sigmoid(x.w + b))``; ``softmax`` 3 classes drawn from a random
         linear softmax model ``softmax(x W + b)``; ``sine`` ``y = 2 sin(2 x.w) + noise``
-        with ``w ~ N(0, I / d)``.
+        with ``w ~ N(0, I / d)``; ``mixture-1d`` random likelihood rows (weights in
+        [0.5, 1.5], means in [-4, 4], variances in [0.5, 4]).
     hub_kwargs : dict or None, optional
         Hub datasets only: extra keyword arguments of
         ``flwr_datasets.FederatedDataset`` (e.g. ``subset``, ``shuffle``, ``seed``),

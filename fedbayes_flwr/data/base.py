@@ -21,7 +21,7 @@ __all__ = [
     "is_dataset_name",
 ]
 
-DATASETS = ("breast-cancer", "diabetes", "digits", "synthetic")
+DATASETS = ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d")
 """Names of the embedded datasets accepted by :func:`fedbayes_flwr.data.load_dataset`."""
 
 HUB_PREFIX = "hub:"

@@ -14,7 +14,7 @@ from .base import DataError, Dataset, f64, fits, i64, needs, num_test_rows
 
 __all__ = ["DEFAULT_SYNTHETIC", "GENERATORS", "SYNTHETIC", "SYNTHETIC_TARGET", "make_synthetic"]
 
-SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine")
+SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d")
 """Names of the synthetic generators.
 
 * ``"gaussian-mean"``: ``x ~ N(mu, noise^2 I)`` with ``mu ~ N(0, I)``; no targets.
@@ -23,6 +23,10 @@ SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine")
 * ``"softmax"``: 3 classes drawn from a random linear softmax model ``softmax(x W + b)``
   with ``W ~ N(0, 4 I)``; class labels 0..2.
 * ``"sine"``: ``y = 2 sin(2 x.w) + noise`` with ``w ~ N(0, I / d)``; real-valued targets.
+* ``"mixture-1d"``: rows of random 1-D Gaussian-mixture likelihood specifications
+  ``(w_1, m_1, v_1, ..., w_J, m_J, v_J)`` with ``J = dim`` components per row (so ``3 dim``
+  columns): weights ``w ~ U(0.5, 1.5)``, means ``m ~ U(-4, 4)``, variances ``v ~ U(0.5, 4)``;
+  no targets. The likelihood of a scalar parameter ``t`` is ``sum_j w_j N(t | m_j, v_j)``.
 """
 
 SYNTHETIC_TARGET = {
@@ -31,6 +35,7 @@ SYNTHETIC_TARGET = {
     "logistic": "binary",
     "softmax": "multiclass",
     "sine": "real",
+    "mixture-1d": "none",
 }
 """Generator name -> the target kind (see :data:`fedbayes_flwr.data.TARGETS`) it makes."""
 
@@ -78,12 +83,20 @@ def _sine(rng: np.random.Generator, size: int, dim: int, noise_scale: float):
     return x, f64(2.0 * np.sin(2.0 * (x @ w)) + noise_scale * rng.standard_normal(size))
 
 
+def _mixture_1d(rng: np.random.Generator, size: int, dim: int, noise_scale: float):
+    w = rng.uniform(0.5, 1.5, (size, dim))
+    m = rng.uniform(-4.0, 4.0, (size, dim))
+    v = rng.uniform(0.5, 4.0, (size, dim))
+    return np.stack([w, m, v], axis=2).reshape(size, 3 * dim), None
+
+
 GENERATORS: dict[str, _Generator] = {
     "gaussian-mean": _gaussian_mean,
     "linear": _linear,
     "logistic": _logistic,
     "softmax": _softmax,
     "sine": _sine,
+    "mixture-1d": _mixture_1d,
 }
 """Generator name -> ``f(rng, size, dim, noise_scale) -> (x, y or None)``."""
 
@@ -140,7 +153,8 @@ def make_synthetic(
     size : int
         Total number of rows (train plus test), at least 2.
     dim : int
-        Input dimension, at least 1.
+        Input dimension, at least 1 (for ``"mixture-1d"``: components per row, ``3 dim``
+        columns).
     noise_scale : float
         Observation noise standard deviation (``gaussian-mean``, ``linear``, ``sine``).
 

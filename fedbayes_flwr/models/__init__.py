@@ -2,7 +2,9 @@
 
 * :mod:`.base`: the :class:`Model` base class (log prior, compiled batched log density and
   gradient, per-datum gradients, metrics) and :class:`Prediction`;
-* :mod:`.linear`: ``gaussian-mean``, ``linear-regression``, ``logistic-regression``;
+* :mod:`.linear`: ``gaussian-mean``, ``linear-regression``, ``logistic-regression``,
+  ``logistic-hyperprior``;
+* :mod:`.mixture`: ``mixture-1d``, the 1-D Gaussian-mixture toy of DSVGD;
 * :mod:`.bnn`: ``bnn-classifier``, ``bnn-regression`` and :func:`parse_hidden`;
 * :mod:`.registry`: :data:`MODELS`, :func:`make_model`, :func:`model_class`,
   :func:`exact_posterior`.
@@ -17,7 +19,8 @@ from .base import (
     Prediction,
 )
 from .bnn import BNN, INIT_SEED, INIT_STD, BNNClassifier, BNNRegression, parse_hidden
-from .linear import GaussianMean, LinearRegression, LogisticRegression
+from .linear import GaussianMean, LinearRegression, LogisticHyperprior, LogisticRegression
+from .mixture import MixtureLikelihood1D
 from .registry import MODELS, exact_posterior, make_model, model_class
 
 __all__ = [
@@ -33,7 +36,9 @@ __all__ = [
     "BNNRegression",
     "GaussianMean",
     "LinearRegression",
+    "LogisticHyperprior",
     "LogisticRegression",
+    "MixtureLikelihood1D",
     "Model",
     "Prediction",
     "exact_posterior",

@@ -5,7 +5,9 @@ log-likelihood, ``theta`` of shape ``(S, P)`` -> ``(S, n)``), plus its predictiv
 sampler or an optimiser needs is written once here on top of it:
 
 * :meth:`Model.log_likelihood_tf`: the row sum, ``(S,)`` (Monte-Carlo VI),
-* :meth:`Model.log_prior_tf`: the Gaussian prior's log density at each row of ``theta``,
+* :meth:`Model.log_prior_tf`: the prior's log density at each row of ``theta`` (the Gaussian
+  ``prior`` by default; models with a non-Gaussian prior override it),
+* :meth:`Model.log_prior_and_grad`: that log prior and its gradient, compiled and batched,
 * :meth:`Model.log_density_and_grad`: a compiled, batched ``data_scale * log p(y | theta) +
   log p(theta)`` and its gradient for ``S`` parameter vectors at once (particles, chains),
 * :meth:`Model.per_datum_grads`: gradients of selected rows' log-likelihoods (SGLD, PDMC rate
@@ -22,13 +24,25 @@ Class attributes
     Kind of target: ``"none"`` (no ``y``), ``"real"``, ``"binary"`` or ``"multiclass"``.
 ``synthetic``
     Synthetic data generator matching the model: ``"gaussian-mean"``, ``"linear"``,
-    ``"logistic"``, ``"softmax"`` or ``"sine"``.
+    ``"logistic"``, ``"softmax"``, ``"sine"`` or ``"mixture-1d"``.
 ``deterministic_expectations``
     ``True`` when the model has an exact or quadrature ``expected_log_likelihood_tf(m1, m2, x, y)``
     in q's mean parameters (conjugate models, logistic regression), ``False`` otherwise.
 ``conjugate``, ``has_targets``, ``task``, ``mean_field_only``
     As before: closed-form factor, whether ``y`` exists, ``"regression"`` or
     ``"classification"``, whether only diagonal Gaussians are supported.
+``gaussian_prior``
+    ``True`` (default) when the model's prior is the Gaussian :meth:`Model.prior`
+    ``N(0, prior_scale^2 I)``. ``False`` for models with a prior of their own (a uniform, a
+    hyperprior), implemented by an overriding :meth:`Model.log_prior_tf`: the Gaussian of
+    :meth:`Model.prior` is then only a stand-in, used by the Gaussian-family algorithms (PVI,
+    global VI) that need a Gaussian prior, while :meth:`Model.log_prior_tf`,
+    :meth:`Model.log_prior_and_grad` and :meth:`Model.log_density_and_grad` use the model's own
+    prior (the Gaussian argument only switches the prior term on).
+``support``
+    ``None`` (default: unbounded), or a ``(low, high)`` pair of floats bounding every coordinate
+    of ``theta``: the support of a bounded prior (e.g. a uniform). Particle methods project
+    particles back into it.
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ if TYPE_CHECKING:
     from ..posterior import Posterior
 
 TARGETS = ("none", "real", "binary", "multiclass")
-SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine")
+SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d")
 FREE_ENERGY_SAMPLES = 64
 FREE_ENERGY_SEED = np.array([1618, 33], dtype=np.int32)
 
@@ -85,6 +99,8 @@ class Model:
     has_targets = True
     task = "regression"
     mean_field_only = False
+    gaussian_prior = True
+    support: tuple[float, float] | None = None
 
     def __init__(self, noise_scale: float = 1.0):
         if not noise_scale > 0:
@@ -135,22 +151,32 @@ class Model:
             y = tf.zeros([tf.shape(x)[0]], theta.dtype)
         return tf.reduce_sum(self.log_likelihood_rows_tf(theta, x, y), axis=1)
 
-    def log_prior_tf(self, theta, prior: NaturalGaussian):
-        """Log density of the Gaussian ``prior`` (diagonal or full) at each row of ``theta``.
+    def log_prior_tf(self, theta, prior):
+        """Log prior density at each row of ``theta``: by default the Gaussian ``prior``.
+
+        Models whose prior is not Gaussian (``gaussian_prior = False``) override this with their
+        own prior, and may ignore ``prior`` (the Gaussian stand-in of :meth:`prior`). An
+        override must be TensorFlow-traceable, evaluate each row of ``theta`` independently and
+        return a finite or ``-inf`` value whose gradient is finite.
 
         Parameters
         ----------
         theta : tf.Tensor or numpy.ndarray
             ``(S, P)`` float64.
-        prior : NaturalGaussian
-            A proper Gaussian over ``P`` parameters.
+        prior : NaturalGaussian or tfp.distributions.Distribution or None
+            A proper Gaussian over ``P`` parameters, or that Gaussian already built with
+            :func:`fedbayes_flwr.gaussian.to_tfp` (as the compiled functions pass it).
+            ``None`` only for models with their own prior.
 
         Returns
         -------
         tf.Tensor
             ``(S,)`` float64.
         """
-        return G.to_tfp(prior).log_prob(theta)
+        if prior is None:
+            raise ValueError(f"model {self.name!r} has a Gaussian prior: pass it")
+        dist = prior if hasattr(prior, "log_prob") else G.to_tfp(prior)
+        return dist.log_prob(theta)
 
     def _log_density_fn(self):
         if "log_density" not in self._compiled:
@@ -162,19 +188,80 @@ class Model:
                     tape.watch(theta)
                     value = data_scale * self.log_likelihood_tf(theta, x, y)
                     if prior_dist is not None:
-                        value = value + prior_dist.log_prob(theta)
+                        value = value + self.log_prior_tf(theta, prior_dist)
                 # rows of theta are independent, so d(sum of values)/d theta is per-row
-                return value, tape.gradient(value, theta)
+                return value, tape.gradient(value, theta,
+                                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
             self._compiled["log_density"] = log_density
         return self._compiled["log_density"]
+
+    def _log_prior_fn(self):
+        if "log_prior" not in self._compiled:
+            import tensorflow as tf
+
+            @tf.function(reduce_retracing=True)
+            def log_prior(theta, prior_dist):
+                with tf.GradientTape() as tape:
+                    tape.watch(theta)
+                    value = self.log_prior_tf(theta, prior_dist)
+                # a piecewise-constant prior (a uniform) does not depend on theta: zero gradient
+                return value, tape.gradient(value, theta,
+                                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+            self._compiled["log_prior"] = log_prior
+        return self._compiled["log_prior"]
+
+    def log_prior_and_grad(self, theta, prior: NaturalGaussian | None) -> tuple[np.ndarray, np.ndarray]:
+        """The model's log prior density and its gradient for a batch of parameter vectors.
+
+        Computes ``log p(theta_s)`` with :meth:`log_prior_tf` (the Gaussian ``prior`` for
+        ``gaussian_prior`` models, the model's own prior otherwise) in a compiled
+        ``tf.function``, traced once per model like :meth:`log_density_and_grad`.
+
+        Parameters
+        ----------
+        theta : numpy.ndarray
+            ``(S, P)`` parameter vectors; a ``(P,)`` vector is treated as ``S = 1`` and the result
+            returned unbatched.
+        prior : NaturalGaussian or None
+            The Gaussian prior (diagonal or full). Models with their own prior
+            (``gaussian_prior = False``) ignore it and accept ``None``.
+
+        Returns
+        -------
+        values : numpy.ndarray
+            ``(S,)`` (a scalar for a ``(P,)`` input); ``-inf`` outside a bounded prior's support.
+        grads : numpy.ndarray
+            ``(S, P)`` (``(P,)`` for a ``(P,)`` input), ``d log p(theta_s) / d theta_s``; always
+            finite (zero where the prior is flat, e.g. a uniform).
+
+        References
+        ----------
+        Kassab & Simeone (2022), "Federated Generalized Bayesian Learning via Distributed Stein
+        Variational Gradient Descent", eq. (1): the prior ``p_0(theta)`` of the generalised
+        posterior.
+        """
+        import tensorflow as tf
+
+        if prior is None and self.gaussian_prior:
+            raise ValueError(f"model {self.name!r} has a Gaussian prior: pass it")
+        theta = np.asarray(theta, dtype=np.float64)
+        single = theta.ndim == 1
+        theta_t = tf.convert_to_tensor(np.atleast_2d(theta))
+        prior_dist = None if prior is None else G.to_tfp(prior)
+        value, grad = self._log_prior_fn()(theta_t, prior_dist)
+        value, grad = value.numpy(), grad.numpy()
+        return (value[0], grad[0]) if single else (value, grad)
 
     def log_density_and_grad(self, theta, x, y, prior: NaturalGaussian | None = None,
                              data_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """Unnormalised log posterior density and its gradient for a batch of parameter vectors.
 
         Computes ``f(theta_s) = data_scale * sum_i log p(y_i | theta_s, x_i) + log p(theta_s)``
-        (the prior term only when ``prior`` is given) with a compiled ``tf.function``.
+        (the prior term only when ``prior`` is given) with a compiled ``tf.function``. The prior
+        term is :meth:`log_prior_tf`: the Gaussian ``prior`` itself, or, for a model with its own
+        prior (``gaussian_prior = False``), that prior (``prior`` then only switches it on).
 
         Parameters
         ----------
@@ -184,7 +271,7 @@ class Model:
         x, y : numpy.ndarray
             Data; ``y`` may be ``None`` for models without targets.
         prior : NaturalGaussian, optional
-            Gaussian prior (diagonal or full).
+            Gaussian prior (diagonal or full); see above for models with their own prior.
         data_scale : float, default 1.0
             Multiplies the log-likelihood (e.g. ``N / batch_size`` for mini-batches).
 

@@ -13,11 +13,13 @@ from .. import gaussian as G
 from ..gaussian import NaturalGaussian
 from .base import Model
 from .bnn import BNNClassifier, BNNRegression
-from .linear import GaussianMean, LinearRegression, LogisticRegression
+from .linear import GaussianMean, LinearRegression, LogisticHyperprior, LogisticRegression
+from .mixture import MixtureLikelihood1D
 
 _CLASSES: dict[str, type[Model]] = {
     cls.name: cls
-    for cls in (GaussianMean, LinearRegression, LogisticRegression, BNNClassifier, BNNRegression)
+    for cls in (GaussianMean, LinearRegression, LogisticRegression, BNNClassifier, BNNRegression,
+                LogisticHyperprior, MixtureLikelihood1D)
 }
 MODELS: tuple[str, ...] = tuple(_CLASSES)
 
