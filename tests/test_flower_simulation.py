@@ -128,3 +128,27 @@ def test_asynchronous_pvi_applies_straggler_on_arrival_through_flower(tmp_path):
                                              "num-clients": 4, "partition": "iid"}))
     exact = models.exact_posterior(exp.model, exp.prior, exp.dataset.x_train, exp.dataset.y_train)
     np.testing.assert_allclose(post["mean"], G.to_moments(exact)[0], rtol=1e-6, atol=1e-9)
+
+
+def test_p_dsvgd_simulation_equals_in_process_with_rejected_reply(tmp_path):
+    """DSVGD's particles through the Simulation Engine equal the in-process particles to 1e-6:
+    two clients per round (the server's merge), a NaN reply rejected in round 2 (its factor not
+    committed: round 3's replies still agree), and byte counts row by row."""
+    argv = ["--algorithm", "p-dsvgd", "--model", "logistic-regression", "--dataset",
+            "breast-cancer", "--num-clients", "2", "--num-rounds", "3", "--partition", "iid",
+            "--seed", "3"]
+    rc = ("num-particles=8 local-iterations=15 distillation-iterations=15 batch-size=50 "
+          "inject-fault='nan@2:1'")
+    flower, flower_post = _simulate(tmp_path / "flower", argv, rc)
+    local = run_in_process(parse_run_config({
+        "algorithm": "p-dsvgd", "model": "logistic-regression", "dataset": "breast-cancer",
+        "num-clients": 2, "num-rounds": 3, "partition": "iid", "seed": 3, "num-particles": 8,
+        "local-iterations": 15, "distillation-iterations": 15, "batch-size": 50,
+        "inject-fault": "nan@2:1", "output-dir": str(tmp_path / "local")}), progress=False)
+    local_post = np.load(tmp_path / "local" / "posterior.npz")
+    assert flower_post["samples"].shape == (8, 31)
+    np.testing.assert_allclose(flower_post["samples"], local_post["samples"], rtol=0, atol=1e-6)
+    assert _comparable(flower["history"]) == _comparable(local["history"])
+    assert [h["rejected_replies"] for h in flower["history"]] == [0, 1, 0]
+    assert flower["history"][1]["rejections"][0]["field"] == "particles"
+    assert all(h["bytes_up"] > 0 and h["bytes_down"] > 0 for h in flower["history"])

@@ -36,6 +36,7 @@ from flower_utils import (
 from fedbayes_flwr import gaussian as G
 from fedbayes_flwr import models
 from fedbayes_flwr.config import parse_run_config
+from fedbayes_flwr.engine import run_in_process
 from fedbayes_flwr.experiment import build_experiment
 
 pytestmark = [
@@ -62,8 +63,8 @@ def _output_dir(command: str) -> str:
     return re.search(r"output-dir='\$PWD/([^']+)'", command).group(1)
 
 
-def test_readme_has_the_two_flwr_commands():
-    assert len(FLWR_COMMANDS) == 2, FLWR_COMMANDS
+def test_readme_has_the_three_flwr_commands():
+    assert len(FLWR_COMMANDS) == 3, FLWR_COMMANDS
     assert all("$PWD/" in c and "--federation-config" in c for c in FLWR_COMMANDS)
 
 
@@ -130,3 +131,16 @@ def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path)
     with np.load(out_dir / "posterior.npz") as post:
         np.testing.assert_allclose(post["mean"], mean, rtol=1e-6, atol=1e-12)
         np.testing.assert_allclose(post["cov"], cov, rtol=1e-6, atol=1e-12)
+
+    # The DSVGD command: the particles through flwr run equal the in-process particles.
+    out_dir = app / _output_dir(FLWR_COMMANDS[2])
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result["algorithm"] == "dsvgd" and result["outcome"] == "completed"
+    keys = {"algorithm": "dsvgd", "num-clients": 2, "num-rounds": 2, "dataset": "twonorm",
+            "dsvgd.num-particles": 6, "dsvgd.local-iterations": 50,
+            "dsvgd.distillation-iterations": 50, "output-dir": str(tmp_path / "dsvgd-local")}
+    run_in_process(parse_run_config(keys), progress=False)
+    with (np.load(out_dir / "posterior.npz") as post,
+          np.load(tmp_path / "dsvgd-local" / "posterior.npz") as local):
+        assert post["samples"].shape == (6, 21)
+        np.testing.assert_allclose(post["samples"], local["samples"], rtol=0, atol=1e-6)
