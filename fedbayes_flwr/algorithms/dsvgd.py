@@ -234,7 +234,8 @@ class Up(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- settings by model
-def _family(model) -> str:
+def model_family(model) -> str:
+    """``mixture-1d``, ``bnn`` or ``other``: the model families whose defaults differ."""
     name = getattr(model, "name", "")
     if name == "mixture-1d":
         return "mixture-1d"
@@ -244,7 +245,7 @@ def _family(model) -> str:
 def num_particles(setup) -> int:
     """``N`` for this run (``num-particles`` or the model's default)."""
     n = setup.config.num_particles
-    return int(n) if n else AUTO_PARTICLES[_family(setup.model)]
+    return int(n) if n else AUTO_PARTICLES[model_family(setup.model)]
 
 
 def step_settings(setup, start: np.ndarray) -> tuple[float, float]:
@@ -257,7 +258,7 @@ def step_settings(setup, start: np.ndarray) -> tuple[float, float]:
     (the reference) leaves centralised SVGD 0.1-1.1 posterior sd off on ``gaussian-mean`` with
     200 rows (posterior sd 0.07), whatever the number of iterations.
     """
-    family = "bnn" if _family(setup.model) == "bnn" else "other"
+    family = "bnn" if model_family(setup.model) == "bnn" else "other"
     lr, eps = AUTO_STEP[family]
     if not setup.config.learning_rate and family != "bnn" and start.shape[0] > 1:
         spread = float(np.mean(np.std(start, axis=0, ddof=1)))

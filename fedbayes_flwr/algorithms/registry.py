@@ -25,7 +25,8 @@ from ..errors import ConfigError
 from .base import Bundle
 
 # One line per family: the module whose import registers it.
-BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi", "fedbayes_flwr.algorithms.dsvgd")
+BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi", "fedbayes_flwr.algorithms.dsvgd",
+                   "fedbayes_flwr.algorithms.sgld")
 
 
 class Entry(NamedTuple):
