@@ -450,3 +450,101 @@ def log_ratio_score(x, numerators: Sequence[tuple[np.ndarray, float]],
     for centres, bw in denominators:
         out = out - kde_score(x, centres, bw, floor)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# KDE ratios: variance-limited KDEs and paired bandwidths
+# ---------------------------------------------------------------------------------------------------
+
+
+class KDE(NamedTuple):
+    """An isotropic Gaussian KDE: ``(N, d)`` centres and the kernel standard deviation (a
+    ``(centres, bandwidth)`` pair, as :func:`log_ratio_score` takes)."""
+
+    centres: np.ndarray
+    bandwidth: float
+
+
+def shrink_kde(kde: KDE, min_bandwidth: float = 0.0) -> KDE:
+    """A KDE whose centres are pulled towards their mean.
+
+    A Gaussian KDE has variance ``s^2 + h^2`` per coordinate (``s^2`` the particles' sample
+    variance, ``h`` the bandwidth): the kernel adds its own. Scaling the centres' deviations by
+    ``a = 1 / sqrt(1 + h^2 / s^2)`` (``s^2`` the mean per-coordinate variance, ``ddof = 1``)
+    brings it to ``v = s^4 / (s^2 + h^2) + h^2``: 1.10 s^2 instead of 1.37 s^2 with Scott's rule
+    at N = 20, d = 2. Silverman's full correction (the bandwidth scaled by ``a`` too) restores
+    ``s^2`` exactly, but SVGD's own under-dispersion at small N (stds 0.8-0.9 of the target's)
+    then compounds over a DSVGD pass: measured on ``gaussian-mean`` (10 clients, N = 20), stds
+    0.59 of the posterior's after one pass with the full correction, 0.74 with this one, and
+    0.66-0.79 with none but the means 0.5-0.8 sd off. DSVGD's sequential targets multiply the KDE
+    of the previous global particles in, so any inflation compounds over clients and
+    down-weights the earlier ones.
+
+    With ``min_bandwidth > h`` (a ratio's denominator raised to its partner's bandwidth, see
+    :func:`ratio_kdes`) the bandwidth becomes ``min_bandwidth`` and the centres are scaled by
+    ``sqrt(max(0, (v - min_bandwidth^2) / s^2))``, so the KDE keeps the variance ``v`` where it
+    can (it cannot when ``min_bandwidth^2 > v``: the centres then collapse on their mean).
+
+    References
+    ----------
+    Silverman (1986), "Density Estimation for Statistics and Data Analysis", Section 6.4.1
+    (shrunk smoothed bootstrap).
+    """
+    centres, h = _particles(kde.centres, "centres"), float(kde.bandwidth)
+    if centres.shape[0] < 2:
+        return KDE(centres, max(h, min_bandwidth))
+    var = float(np.mean(centres.var(axis=0, ddof=1)))
+    if not var > 0:
+        return KDE(centres, max(h, min_bandwidth))
+    a2 = 1.0 / (1.0 + h * h / var)
+    if min_bandwidth > h:
+        target = a2 * var + h * h
+        h = float(min_bandwidth)
+        a2 = max(0.0, (target - h * h) / var)
+    mean = centres.mean(axis=0)
+    return KDE(mean + np.sqrt(a2) * (centres - mean), h)
+
+
+def ratio_kdes(numerators, denominators, rule: str | float = "auto", paired: bool = True,
+               pair_all: bool = False) -> tuple[list[KDE], list[KDE]]:
+    """The KDEs of a ratio ``prod KDE(numerators) / prod KDE(denominators)`` of particle sets.
+
+    Each set's bandwidth is :func:`kde_bandwidth` of its own particles under ``rule``. With
+    ``paired`` every KDE is shrunk (:func:`shrink_kde`) and the ``j``-th denominator's bandwidth
+    raised to at least the ``j``-th numerator's, its partner (every numerator's with
+    ``pair_all``; denominators without a partner keep their own). Why: far from every centre
+    ``log KDE(x) ~ -||x - c||^2 / (2 h^2)``, so a ratio whose denominator is narrower grows like
+    ``||x||^2 (1 / h_den^2 - 1 / h_num^2) / 2`` in the tails, and a DSVGD target is improper
+    wherever the likelihood does not dominate (``mixture-1d``: second visits put the particles
+    on the prior's edge, KL 0.6-1.8 instead of 0.06); with equal bandwidths it grows at most
+    linearly.
+
+    Parameters
+    ----------
+    numerators, denominators : sequence of array_like
+        ``(N_j, d)`` particle sets.
+    rule : {"auto"} or float
+        See :func:`kde_bandwidth`.
+    paired, pair_all : bool
+        See above.
+
+    Returns
+    -------
+    tuple of (list of KDE, list of KDE)
+        The numerators' and the denominators' KDEs, in order.
+
+    References
+    ----------
+    Kassab & Simeone (2022), Section 5 (the KDE ratios in the DSVGD targets).
+    """
+    num = [KDE(c, kde_bandwidth(c, rule)) for c in numerators]
+    den = [KDE(c, kde_bandwidth(c, rule)) for c in denominators]
+    if not paired:
+        return num, den
+    num = [shrink_kde(k) for k in num]
+    if pair_all:
+        partners = [max((k.bandwidth for k in num), default=0.0)] * len(den)
+    else:
+        partners = [k.bandwidth for k in num[:len(den)]]
+        partners += [0.0] * (len(den) - len(partners))
+    return num, [shrink_kde(k, p) for k, p in zip(den, partners, strict=True)]

@@ -290,3 +290,46 @@ def test_log_ratio_score():
                   axis=1)
     np.testing.assert_allclose(got, fd, rtol=0, atol=1e-6)  # as in the kde_score FD test
     np.testing.assert_array_equal(sv.log_ratio_score(x, [], []), np.zeros_like(x))
+
+
+def test_shrink_kde_variance_identities():
+    """Centres scaled by a = 1 / sqrt(1 + h^2 / s^2): the KDE's variance (centres' variance plus
+    h^2) is s^4 / (s^2 + h^2) + h^2; raised to a wider bandwidth it keeps that variance."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 1)) * 2.0
+    s2 = float(x.var(ddof=1))
+    h = 0.7
+    k = sv.shrink_kde(sv.KDE(x, h))
+    v = s2 * s2 / (s2 + h * h) + h * h
+    assert k.bandwidth == h
+    np.testing.assert_allclose(k.centres.var(ddof=1) + h * h, v, rtol=1e-12)
+    np.testing.assert_allclose(k.centres.mean(0), x.mean(0), rtol=0, atol=1e-12)
+    wide = sv.shrink_kde(sv.KDE(x, h), min_bandwidth=1.2)
+    assert wide.bandwidth == 1.2
+    np.testing.assert_allclose(wide.centres.var(ddof=1) + 1.2**2, v, rtol=1e-12)
+    # wider than the variance allows: the centres collapse on their mean
+    huge = sv.shrink_kde(sv.KDE(x, h), min_bandwidth=10.0)
+    np.testing.assert_allclose(huge.centres, np.broadcast_to(x.mean(0), x.shape), atol=1e-12)
+
+
+def test_paired_ratio_grows_at_most_linearly_in_the_tails():
+    """A narrower denominator makes log(KDE_num / KDE_den) grow quadratically far away; the
+    paired bandwidths (denominator at least as wide as its partner) keep it linear."""
+    rng = np.random.default_rng(1)
+    wide, narrow = rng.normal(size=(50, 1)) * 2.0, rng.normal(size=(50, 1)) * 0.5 + 1.0
+    far = np.array([[20.0], [40.0], [80.0]])
+
+    def log_ratio(num, den):
+        return (sv.kde_log_density(far, num.centres, num.bandwidth)
+                - sv.kde_log_density(far, den.centres, den.bandwidth))
+
+    (n_own,), (d_own,) = sv.ratio_kdes([wide], [narrow], paired=False)
+    (n_pair,), (d_pair,) = sv.ratio_kdes([wide], [narrow], paired=True)
+    assert d_pair.bandwidth >= n_pair.bandwidth > d_own.bandwidth
+    own, paired = log_ratio(n_own, d_own), log_ratio(n_pair, d_pair)
+    # second differences over x = 20, 40, 80: quadratic growth doubles the slope, linear keeps it
+    slopes_own = np.diff(own) / np.diff(far[:, 0])
+    slopes_pair = np.diff(paired) / np.diff(far[:, 0])
+    assert slopes_own[1] > 1.9 * slopes_own[0] > 0
+    # linear up to the log-sum-exp corrections of the other centres, which vanish far away
+    np.testing.assert_allclose(slopes_pair[1], slopes_pair[0], rtol=1e-2)

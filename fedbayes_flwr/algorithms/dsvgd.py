@@ -51,7 +51,7 @@ accumulator restarts every round, as it does in every DSVGD loop).
 **KDEs and floors.** Isotropic Gaussian kernels with standard deviation
 ``dsvgd.kde-bandwidth``: ``auto`` (Scott's rule on the set's own spread,
 :func:`fedbayes_flwr.svgd.kde_bandwidth`, computed per particle set, with the centres shrunk so
-the KDE keeps the particles' variance, `shrink_kde`), ``scott`` (without the
+the KDE keeps the particles' variance, :func:`fedbayes_flwr.svgd.shrink_kde`), ``scott`` (without the
 shrinkage) or an absolute float (``0.55`` reproduces the paper). Log densities use log-sum-exp;
 each kernel term is floored at ``dsvgd.kde-floor`` (default ``1e-9`` of its peak, as the
 reference) in log space, so a floored term is a constant with zero gradient. Without the floor
@@ -85,7 +85,7 @@ import numpy as np
 from .. import gaussian as G
 from ..errors import ConfigError
 from ..seeds import derive_seed, numpy_rng
-from ..svgd import kde_bandwidth, kde_score, svgd
+from ..svgd import KDE, kde_score, log_ratio_score, ratio_kdes, svgd
 from . import commit
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
 
@@ -129,7 +129,7 @@ class DSVGDConfig:
     batch_size : int
         Mini-batch rows per SVGD iteration (0 = all rows).
     kde_bandwidth : str
-        ``auto`` (Scott's rule with variance-preserving centres, `shrink_kde`),
+        ``auto`` (Scott's rule with variance-preserving centres, :func:`fedbayes_flwr.svgd.shrink_kde`),
         ``scott`` (Scott's rule alone) or an absolute standard deviation (``0.55``: the paper).
     kde_floor : float
         Floor of each KDE kernel term relative to its peak, in ``[0, 1)`` (0 = none).
@@ -323,85 +323,21 @@ def likelihood_score(rng: np.random.Generator, x: np.ndarray, data, setup) -> np
     return grads / setup.config.temperature
 
 
-class _KDE(NamedTuple):
-    centres: np.ndarray
-    bandwidth: float
-
-
 def _ratio(numerators, denominators, setup,
-           pair_all: bool = False) -> tuple[list[_KDE], list[_KDE]]:
-    """The KDEs of a ratio ``prod KDE(numerators) / prod KDE(denominators)`` of particle sets.
-
-    Each set's bandwidth comes from ``dsvgd.kde-bandwidth`` (per set for ``auto`` and
-    ``scott``). For ``auto`` each set's KDE keeps its variance (:func:`shrink_kde`) and the
-    ``j``-th denominator's bandwidth is raised to at least the ``j``-th numerator's, its partner
-    in the ratio (every numerator's with ``pair_all``): a ratio of two KDEs whose denominator is
-    narrower grows quadratically in the tails, and the target is improper wherever the
-    likelihood does not dominate (``mixture-1d``: second visits put the particles on the prior's
-    edge, KL 0.6-1.8 instead of 0.03); with the partner's bandwidth it grows at most linearly.
-    The callers order the sets so partners are the two particle sets of one visit (the
-    received and the returned global particles) or the cavity's ``q`` and ``t_k^(0)``.
-    """
+           pair_all: bool = False) -> tuple[list[KDE], list[KDE]]:
+    """The KDEs of ``prod KDE(numerators) / prod KDE(denominators)`` under
+    ``dsvgd.kde-bandwidth`` (:func:`fedbayes_flwr.svgd.ratio_kdes`; ``auto`` pairs and shrinks).
+    The callers order the sets so partners are the two particle sets of one visit (the received
+    and the returned global particles) or the cavity's ``q`` and ``t_k^(0)``."""
     rule = bandwidth_rule(setup.config)
-    own = "auto" if rule in ("auto", "scott") else rule
-    num = [_KDE(c, kde_bandwidth(c, own)) for c in numerators]
-    den = [_KDE(c, kde_bandwidth(c, own)) for c in denominators]
-    if rule != "auto":
-        return num, den
-    num = [shrink_kde(k) for k in num]
-    partners = ([max(k.bandwidth for k in num)] * len(den) if pair_all
-                else [k.bandwidth for k in num[:len(den)]])
-    partners += [0.0] * (len(den) - len(partners))
-    return num, [shrink_kde(k, p) for k, p in zip(den, partners, strict=True)]
-
-
-def shrink_kde(kde: _KDE, min_bandwidth: float = 0.0) -> _KDE:
-    """A KDE whose centres are pulled towards their mean.
-
-    A Gaussian KDE has variance ``s^2 + h^2`` per coordinate (``s^2`` the particles' sample
-    variance, ``h`` the bandwidth): the kernel adds its own. Scaling the centres' deviations by
-    ``a = 1 / sqrt(1 + h^2 / s^2)`` (``s^2`` the mean per-coordinate variance, ``ddof = 1``)
-    brings it to ``v = s^4 / (s^2 + h^2) + h^2``: 1.10 s^2 instead of 1.37 s^2 with Scott's rule
-    at N = 20, d = 2. Silverman's full correction (the bandwidth scaled by ``a`` too) restores
-    ``s^2`` exactly, but SVGD's own under-dispersion at small N (stds 0.8-0.9 of the target's)
-    then compounds over a pass: measured on ``gaussian-mean`` (10 clients, N = 20), stds 0.59 of
-    the posterior's after one pass with the full correction, 0.74 with this one, and 0.66-0.79
-    with none but the means 0.5-0.8 sd off: DSVGD's sequential targets multiply the KDE of the
-    previous global particles in, so any inflation compounds over clients and down-weights the
-    earlier ones.
-
-    With ``min_bandwidth > h`` (a ratio's denominator raised to its partner's bandwidth, see
-    :func:`_ratio`) the bandwidth becomes ``min_bandwidth`` and the centres are scaled by
-    ``sqrt(max(0, (v - min_bandwidth^2) / s^2))``, so the KDE keeps the variance ``v`` where it
-    can (it cannot when ``min_bandwidth^2 > v``: the centres then collapse on their mean).
-
-    References
-    ----------
-    Silverman (1986), "Density Estimation for Statistics and Data Analysis", Section 6.4.1
-    (shrunk smoothed bootstrap).
-    """
-    centres, h = kde.centres, kde.bandwidth
-    if centres.shape[0] < 2:
-        return kde._replace(bandwidth=max(h, min_bandwidth))
-    var = float(np.mean(centres.var(axis=0, ddof=1)))
-    if not var > 0:
-        return kde._replace(bandwidth=max(h, min_bandwidth))
-    a2 = 1.0 / (1.0 + h * h / var)
-    if min_bandwidth > h:
-        target = a2 * var + h * h
-        h = min_bandwidth
-        a2 = max(0.0, (target - h * h) / var)
-    mean = centres.mean(axis=0)
-    return _KDE(mean + np.sqrt(a2) * (centres - mean), h)
+    if rule == "auto":
+        return ratio_kdes(numerators, denominators, "auto", paired=True, pair_all=pair_all)
+    return ratio_kdes(numerators, denominators, "auto" if rule == "scott" else rule,
+                      paired=False)
 
 
 def _score(x, kdes_num, kdes_den, floor: float) -> np.ndarray:
-    out = np.zeros_like(x)
-    for k in kdes_num:
-        out = out + kde_score(x, k.centres, k.bandwidth, floor)
-    for k in kdes_den:
-        out = out - kde_score(x, k.centres, k.bandwidth, floor)
-    return out
+    return log_ratio_score(x, kdes_num, kdes_den, floor)
 
 
 def _loop(start: np.ndarray, score_fn, iterations: int, setup) -> np.ndarray:
