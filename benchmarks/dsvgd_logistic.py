@@ -4,9 +4,11 @@
 ``twonorm`` and ``breast-cancer``, K = 2 and 20 agents (Dirichlet 0.5), and the 4-agent label skew
 (each agent holds 40% of one label's rows and 10% of the other's), N = 2 and 6 particles: test
 accuracy per round for DSVGD, U-DSVGD, centralised SVGD (the same iterations per round) and, when
-registered, SGLD (centralised, 200 steps per round) and DSGLD (one chain per round at a random
-client); and the rounds each needs to reach 95% of SVGD's final accuracy. Federated methods run 2
-passes (2K rounds), the centralised ones 10 rounds.
+registered, SGLD (centralised, 200 steps per round), DSGLD (one chain per round at a random
+client) and the point estimates FedAvg (every client each round) and the paper's FedAvg (one client
+per round, FedAvgM with server rate n_k / n), which ignore N; and the rounds each needs to reach
+95% of SVGD's final accuracy. Federated methods run 2K rounds (2 passes for the one-client-per-round
+ones), the centralised ones 10 rounds.
 
 Run: ``.venv/bin/python benchmarks/dsvgd_logistic.py`` (about 20 minutes on 2 cores;
 ``--quick``: twonorm, K = 2, N = 6, 4 rounds). Writes ``benchmarks/results/dsvgd_logistic.json``
@@ -24,7 +26,7 @@ from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.data import load_dataset
 from fedbayes_flwr.plots import plot_curves
 
-FEDERATED = ("dsvgd", "u-dsvgd", "dsgld")
+FEDERATED = ("dsvgd", "u-dsvgd", "dsgld", "fedavg-paper", "fedavg")
 CENTRAL = ("svgd", "sgld")
 
 
@@ -84,8 +86,10 @@ def main():
                 cfg = {**base, "algorithm": method, "model": "logistic-hyperprior",
                        "num-rounds": rounds, "seed": args.seed,
                        "output-dir": os.path.join(args.work_dir, key.replace(" ", "_"), method)}
-                section = "sgld" if method in ("sgld", "dsgld") else "dsvgd"
-                cfg[f"{section}.{'num-chains' if section == 'sgld' else 'num-particles'}"] = n
+                if method in ("sgld", "dsgld"):
+                    cfg["sgld.num-chains"] = n
+                elif method in ("dsvgd", "u-dsvgd", "svgd"):
+                    cfg["dsvgd.num-particles"] = n
                 if central:  # the pooled data: the preset fixes num-clients = 1
                     cfg.pop("num-clients"), cfg.pop("partition")
                 result, record = common.timed_run(cfg)
