@@ -3,6 +3,8 @@
 Notation: ``theta`` the global parameter vector, ``K`` clients, ``n_k`` client ``k``'s rows,
 ``n = sum_k n_k``, ``p0`` the prior.
 
+**Start.** ``theta`` starts as one draw from the prior's Gaussian (:func:`initial_theta`).
+
 **Local problem.** Client ``k`` starts from the received ``theta`` and takes
 ``fedavg.local-steps`` Adam steps (learning rate ``fedavg.learning-rate``, mini-batches of
 ``fedavg.batch-size`` rows, gradient rescaled by ``n_k / B``) uphill on
@@ -49,7 +51,7 @@ import numpy as np
 
 from .. import gaussian as G
 from ..errors import ConfigError
-from ..seeds import numpy_rng
+from ..seeds import derive_seed, numpy_rng
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
 from .dsvgd import prior_score
 
@@ -176,9 +178,19 @@ def scheduled(setup, number: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- bundle functions
+def initial_theta(setup) -> np.ndarray:
+    """One draw from the prior's Gaussian (seed ``(run seed, "fedavg.init")``): the prior mean
+    (zero) would leave a ReLU network's hidden units identical and their gradients zero."""
+    rng = numpy_rng(derive_seed(setup.run_seed, "fedavg.init", 0, -1))
+    mean, cov = G.to_moments(setup.prior)
+    z = rng.standard_normal(setup.prior.dim)
+    if np.ndim(cov) == 1:
+        return mean + np.sqrt(cov) * z
+    return mean + np.linalg.cholesky(cov) @ z
+
+
 def _init_server(setup) -> ServerState:
-    mean, _ = G.to_moments(setup.prior)
-    return ServerState(np.asarray(mean, np.float64), 0, np.full(setup.num_clients, -1, np.int64))
+    return ServerState(initial_theta(setup), 0, np.full(setup.num_clients, -1, np.int64))
 
 
 def _init_client(setup, partition_id: int) -> ClientState:
