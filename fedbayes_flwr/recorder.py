@@ -168,7 +168,7 @@ class _Progress:
     def update(self, update: int, row: dict) -> None:
         if not self.enabled:
             return
-        shown = {k: row[k] for k in ("test_accuracy", "test_nll", "test_rmse",
+        shown = {k: row[k] for k in ("test_accuracy", "test_nll", "test_rmse", "kl",
                                      "log_marginal_likelihood", "rejected_replies")
                  if row.get(k) is not None}
         text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
