@@ -152,3 +152,19 @@ def test_p_dsvgd_simulation_equals_in_process_with_rejected_reply(tmp_path):
     assert [h["rejected_replies"] for h in flower["history"]] == [0, 1, 0]
     assert flower["history"][1]["rejections"][0]["field"] == "particles"
     assert all(h["bytes_up"] > 0 and h["bytes_down"] > 0 for h in flower["history"])
+
+
+def test_fedavg_paper_size_query_and_rounds_equal_in_process(tmp_path):
+    """The paper's FedAvg opens with a ``query`` exchange (each client's row count) before round
+    1: through the Simulation Engine the point estimate and every history row equal the
+    in-process run."""
+    argv = ["--algorithm", "fedavg-paper", "--num-clients", "2", "--num-rounds", "3",
+            "--seed", "4"]
+    flower, flower_post = _simulate(tmp_path / "flower", argv, "local-steps=20")
+    local = run_in_process(parse_run_config({
+        "algorithm": "fedavg-paper", "num-clients": 2, "num-rounds": 3, "seed": 4,
+        "local-steps": 20, "output-dir": str(tmp_path / "local")}), progress=False)
+    local_post = np.load(tmp_path / "local" / "posterior.npz")
+    np.testing.assert_allclose(flower_post["samples"], local_post["samples"], rtol=0, atol=1e-6)
+    assert _comparable(flower["history"]) == _comparable(local["history"])
+    assert [h["clients"] for h in flower["history"]] == [[0], [1], [0]]
