@@ -82,12 +82,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import gaussian as G
 from ..errors import ConfigError
 from ..seeds import derive_seed, numpy_rng
 from ..svgd import KDE, kde_score, log_ratio_score, ratio_kdes, svgd
 from . import commit
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from .particles import minibatch_grad, prior_draws, prior_score, project
 
 VARIANTS = ("dsvgd", "u-dsvgd", "svgd")
 SCHEDULES = ("round-robin", "random")
@@ -278,49 +278,15 @@ def bandwidth_rule(config: DSVGDConfig) -> str | float:
     return value
 
 
-def _support(setup):
-    return getattr(setup.model, "support", None)
-
-
-def _project(particles: np.ndarray, setup) -> np.ndarray:
-    support = _support(setup)
-    return particles if support is None else np.clip(particles, support[0], support[1])
-
-
 def initial_particles(setup) -> np.ndarray:
     """``theta^(0)``: ``N`` draws from the prior's Gaussian, the same on server and clients."""
-    rng = numpy_rng(derive_seed(setup.run_seed, "dsvgd.init", 0, -1))
-    mean, cov = G.to_moments(setup.prior)
-    z = rng.standard_normal((num_particles(setup), setup.prior.dim))
-    if np.ndim(cov) == 1:
-        draws = mean + np.sqrt(cov) * z
-    else:
-        draws = mean + z @ np.linalg.cholesky(cov).T
-    return _project(draws, setup)
+    return prior_draws(setup, "dsvgd.init", num_particles(setup))
 
 
 # ---------------------------------------------------------------------------- scores
-def prior_score(setup, x: np.ndarray) -> np.ndarray:
-    """``grad log p0`` at each particle (the model's own prior where it is not Gaussian)."""
-    if getattr(setup.model, "gaussian_prior", True):
-        prior = setup.prior
-        if prior.is_diag:
-            return prior.eta1 + 2.0 * prior.eta2 * x
-        return prior.eta1 + 2.0 * x @ prior.eta2
-    return setup.model.log_prior_and_grad(x, setup.prior)[1]
-
-
 def likelihood_score(rng: np.random.Generator, x: np.ndarray, data, setup) -> np.ndarray:
     """``grad (-L_k / alpha)`` at each particle, from a mini-batch rescaled by ``n_k / B``."""
-    n = data.x.shape[0]
-    batch = setup.config.batch_size
-    if batch and batch < n:
-        idx = rng.choice(n, size=batch, replace=False)
-        xb, yb, scale = data.x[idx], None if data.y is None else data.y[idx], n / batch
-    else:
-        xb, yb, scale = data.x, data.y, 1.0
-    grads = setup.model.log_density_and_grad(x, xb, yb, prior=None, data_scale=scale)[1]
-    return grads / setup.config.temperature
+    return minibatch_grad(rng, x, data, setup, setup.config.batch_size) / setup.config.temperature
 
 
 def _ratio(numerators, denominators, setup,
@@ -343,11 +309,11 @@ def _score(x, kdes_num, kdes_den, floor: float) -> np.ndarray:
 def _loop(start: np.ndarray, score_fn, iterations: int, setup) -> np.ndarray:
     """One SVGD loop with the support projection after every step."""
     lr, eps = step_settings(setup, start)
-    if _support(setup) is None:
+    if getattr(setup.model, "support", None) is None:
         return svgd(start, score_fn, iterations, lr, eps)
     x = start
     for _ in range(iterations):  # one step per call: project between steps
-        x = _project(svgd(x, score_fn, 1, lr, eps), setup)
+        x = project(svgd(x, score_fn, 1, lr, eps), setup)
     return x
 
 
@@ -480,7 +446,7 @@ def _client_state_template(setup) -> commit.Pending:
 
 def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
     """Particles must lie in a bounded prior's support."""
-    support = _support(setup)
+    support = getattr(setup.model, "support", None)
     if support is not None and (np.any(reply.particles < support[0])
                                 or np.any(reply.particles > support[1])):
         return "particles", f"outside the prior's support [{support[0]}, {support[1]}]"

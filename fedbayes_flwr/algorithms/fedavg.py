@@ -49,11 +49,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import gaussian as G
 from ..errors import ConfigError
-from ..seeds import derive_seed, numpy_rng
+from ..seeds import numpy_rng
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from .dsvgd import prior_score
+from .particles import minibatch_grad, prior_draws, prior_score
 
 VARIANTS = ("fedavg", "fedavg-paper")
 TRAIN, SIZE = "train", "size"
@@ -138,19 +137,11 @@ def local_fit(seed, theta: np.ndarray, data, setup) -> np.ndarray:
     """Adam ascent on ``log p(D_k | theta) + log p0(theta) / K`` from ``theta``."""
     config = setup.config
     rng = numpy_rng(seed)
-    n = data.x.shape[0]
-    batch = config.batch_size
     x = theta.astype(np.float64).copy()
     m, v = np.zeros_like(x), np.zeros_like(x)
     b1, b2 = ADAM_BETAS
     for t in range(1, config.local_steps + 1):
-        if batch and batch < n:
-            idx = rng.choice(n, size=batch, replace=False)
-            xb, yb, scale = data.x[idx], None if data.y is None else data.y[idx], n / batch
-        else:
-            xb, yb, scale = data.x, data.y, 1.0
-        lik = setup.model.log_density_and_grad(x[None], xb, yb, prior=None,
-                                               data_scale=scale)[1][0]
+        lik = minibatch_grad(rng, x[None], data, setup, config.batch_size)[0]
         grad = lik + prior_score(setup, x[None])[0] / setup.num_clients
         m = b1 * m + (1 - b1) * grad
         v = b2 * v + (1 - b2) * grad * grad
@@ -181,12 +172,7 @@ def scheduled(setup, number: int) -> list[int]:
 def initial_theta(setup) -> np.ndarray:
     """One draw from the prior's Gaussian (seed ``(run seed, "fedavg.init")``): the prior mean
     (zero) would leave a ReLU network's hidden units identical and their gradients zero."""
-    rng = numpy_rng(derive_seed(setup.run_seed, "fedavg.init", 0, -1))
-    mean, cov = G.to_moments(setup.prior)
-    z = rng.standard_normal(setup.prior.dim)
-    if np.ndim(cov) == 1:
-        return mean + np.sqrt(cov) * z
-    return mean + np.linalg.cholesky(cov) @ z
+    return prior_draws(setup, "fedavg.init", 1)[0]
 
 
 def _init_server(setup) -> ServerState:

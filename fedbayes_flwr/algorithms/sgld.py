@@ -67,11 +67,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import gaussian as G
 from ..errors import ConfigError
 from ..seeds import derive_seed, numpy_rng
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from .dsvgd import AUTO_PARTICLES, model_family, prior_score
+from .dsvgd import AUTO_PARTICLES, model_family
+from .particles import minibatch_grad, prior_draws, prior_score, project
 
 VARIANTS = ("sgld", "dsgld")
 TRAIN = "train"
@@ -175,25 +175,9 @@ def step_sizes(config: SGLDConfig, t: np.ndarray) -> np.ndarray:
     return config.step_scale * (config.step_offset + t) ** (-config.step_decay)
 
 
-def _support(setup):
-    return getattr(setup.model, "support", None)
-
-
-def _project(chains: np.ndarray, setup) -> np.ndarray:
-    support = _support(setup)
-    return chains if support is None else np.clip(chains, support[0], support[1])
-
-
 def initial_chains(setup) -> np.ndarray:
     """``C`` draws from the prior's Gaussian (seed ``(run seed, "sgld.init")``), ``(C, d)``."""
-    rng = numpy_rng(derive_seed(setup.run_seed, "sgld.init", 0, -1))
-    mean, cov = G.to_moments(setup.prior)
-    z = rng.standard_normal((num_chains(setup), setup.prior.dim))
-    if np.ndim(cov) == 1:
-        draws = mean + np.sqrt(cov) * z
-    else:
-        draws = mean + z @ np.linalg.cholesky(cov).T
-    return _project(draws, setup)
+    return prior_draws(setup, "sgld.init", num_chains(setup))
 
 
 def scheduled(setup, number: int) -> tuple[int, int | None]:
@@ -209,17 +193,9 @@ def scheduled(setup, number: int) -> tuple[int, int | None]:
 def likelihood_score(rng: np.random.Generator, x: np.ndarray, data, setup) -> np.ndarray:
     """``s sum_{i in batch} grad log p(x_i | theta)`` at each chain, ``s = K n_k / B`` (SGLD's one
     client: ``n / B``); one batch for every chain."""
-    n = data.x.shape[0]
-    if n == 0:
+    if data.x.shape[0] == 0:
         return np.zeros_like(x)
-    clients = setup.num_clients
-    batch = setup.config.batch_size
-    if batch and batch < n:
-        idx = rng.choice(n, size=batch, replace=False)
-        xb, yb, scale = data.x[idx], None if data.y is None else data.y[idx], clients * n / batch
-    else:
-        xb, yb, scale = data.x, data.y, float(clients)
-    return setup.model.log_density_and_grad(x, xb, yb, prior=None, data_scale=scale)[1]
+    return minibatch_grad(rng, x, data, setup, setup.config.batch_size, setup.num_clients)
 
 
 def langevin(seed, chains: np.ndarray, steps: np.ndarray, data, setup) -> np.ndarray:
@@ -231,7 +207,7 @@ def langevin(seed, chains: np.ndarray, steps: np.ndarray, data, setup) -> np.nda
     for j in range(setup.config.steps_per_round):
         eps = step_sizes(setup.config, t + j)[:, None]
         grad = prior_score(setup, x) + likelihood_score(rng, x, data, setup)
-        x = _project(x + 0.5 * eps * grad + np.sqrt(eps) * rng.standard_normal(x.shape), setup)
+        x = project(x + 0.5 * eps * grad + np.sqrt(eps) * rng.standard_normal(x.shape), setup)
     return x
 
 
@@ -302,7 +278,7 @@ def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | N
     if reply.request_round != state.server_round + 1:
         return "request_round", (f"answers round {reply.request_round}, expected "
                                  f"{state.server_round + 1}")
-    support = _support(setup)
+    support = getattr(setup.model, "support", None)
     if support is not None and (np.any(reply.chains < support[0])
                                 or np.any(reply.chains > support[1])):
         return "chains", f"outside the prior's support [{support[0]}, {support[1]}]"
