@@ -233,13 +233,18 @@ def parse_fault(text: str) -> tuple[str, int, int] | None:
 def validate(c: RunConfig) -> None:
     """Raise :class:`ConfigError` for values no run can use (data-dependent checks come later)."""
     from .data import DATASETS, PARTITIONS, is_dataset_name
-    from .models import MODELS, parse_hidden
+    from .models import ALL_MODELS, model_class, parse_hidden
 
     def need(ok: bool, key: str, msg: str):
         if not ok:
             raise ConfigError(f"{key}: {msg}")
 
-    need(c.model in MODELS, "model", f"unknown model {c.model!r}; choose one of {', '.join(MODELS)}")
+    need(c.model in ALL_MODELS, "model",
+         f"unknown model {c.model!r}; choose one of {', '.join(ALL_MODELS)}")
+    bundle = registry.get(c.algorithm).bundle
+    need(not getattr(model_class(c.model), "structured", False) or bundle.structured_models,
+         "model", f"{c.model!r} is a mean-field exponential-family model with label symmetry; "
+         f"run it with amps, naive-merge, batch-vb or local-only, not {c.algorithm!r}")
     need(bool(c.data) or is_dataset_name(c.dataset), "dataset",
          f"unknown dataset {c.dataset!r}; choose one of {', '.join(DATASETS)}, hub:<id> "
          f"(flwr-datasets, needs network) or pass --data FILE.npz")

@@ -25,11 +25,12 @@ import os
 
 import numpy as np
 
+from . import expfam
 from . import gaussian as G
 from .gaussian import NaturalGaussian
 
 __all__ = ["PREDICTIVE_SAMPLES", "PREDICTIVE_SEED", "GaussianPosterior", "Posterior",
-           "SamplePosterior"]
+           "SamplePosterior", "StructuredPosterior"]
 
 PREDICTIVE_SAMPLES = 100
 PREDICTIVE_SEED = np.array([20240, 7], dtype=np.int32)
@@ -264,3 +265,58 @@ def _atomic_savez(path, **arrays) -> None:
     tmp = path + ".tmp.npz"
     np.savez(tmp, **arrays)
     os.replace(tmp, path)
+
+
+class StructuredPosterior(Posterior):
+    """A mean-field exponential-family posterior: a NamedTuple of :mod:`fedbayes_flwr.expfam`
+    blocks (AMPS's ``gmm``, ``lda``, ``latent-feature``).
+
+    The flat parameter vector ``theta`` of the common interface is the concatenation of the
+    blocks' variables in field order, each flattened row-major: mixture means then weights,
+    topic-word probabilities, feature vectors then inclusion probabilities. :meth:`mean`,
+    :meth:`std` and :meth:`sample` follow it; the predictive is the model's own
+    (``vb.heldout_loglik``).
+
+    Parameters
+    ----------
+    params : NamedTuple
+        The blocks.
+    vb : fedbayes_flwr.vb.VBModel
+        The model that fitted them (its predictive and its symmetric blocks).
+    """
+
+    kind = "structured"
+
+    def __init__(self, params, vb):
+        for name, block in expfam.blocks(params).items():
+            reason = expfam.domain_error(block, name)
+            if reason:
+                raise ValueError(f"posterior: {reason}")
+        self.params, self.vb = params, vb
+
+    def _flat(self, fn) -> np.ndarray:
+        return np.concatenate([np.ravel(fn(block)) for block in expfam.blocks(self.params).values()])
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean().shape[0])
+
+    def mean(self) -> np.ndarray:
+        return self._flat(expfam.mean)
+
+    def std(self) -> np.ndarray:
+        return self._flat(expfam.std)
+
+    def sample(self, seed: np.ndarray, n: int) -> np.ndarray:
+        """``n`` draws ``(n, d)`` of the flat vector (blocks independent), from a stateless seed."""
+        rng = np.random.default_rng(np.asarray(seed, dtype=np.int64) & 0xFFFFFFFF)
+        return np.concatenate([expfam.sample(block, rng, n).reshape(n, -1)
+                               for block in expfam.blocks(self.params).values()], axis=1)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``mean``, ``std`` and every block array as ``<field>.<array>`` (e.g.
+        ``means.h``, ``weights.alpha``) to an ``.npz`` file."""
+        arrays = {f"{name}.{field}": np.asarray(value)
+                  for name, block in expfam.blocks(self.params).items()
+                  for field, value in zip(block._fields, block, strict=True)}
+        _atomic_savez(path, mean=self.mean(), std=self.std(), **arrays)

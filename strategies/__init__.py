@@ -10,10 +10,11 @@ from .base import BundleStrategy
 from .nodes import partition_map
 from .server_app import app, make_server_app
 
-_NAMED = {"PVIStrategy": ".pvi", "AsyncPVIStrategy": ".pvi", "DSVGDStrategy": ".dsvgd"}
+_NAMED = {"PVIStrategy": ".pvi", "AsyncPVIStrategy": ".pvi", "DSVGDStrategy": ".dsvgd",
+          "AMPSStrategy": ".amps"}
 
-__all__ = ["AsyncPVIStrategy", "BundleStrategy", "DSVGDStrategy", "PVIStrategy", "app", "make_server_app",
-           "partition_map"]
+__all__ = ["AMPSStrategy", "AsyncPVIStrategy", "BundleStrategy", "DSVGDStrategy", "PVIStrategy",
+           "app", "make_server_app", "partition_map"]
 
 
 def __getattr__(name: str):

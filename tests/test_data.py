@@ -82,7 +82,8 @@ def _mean_tv(labels: np.ndarray, parts: list[np.ndarray]) -> float:
 
 
 def test_constants():
-    assert DATASETS == ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d")
+    assert DATASETS == ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d",
+                        "amps-mixture", "amps-gaussian", "lda-corpus", "latent-features")
     assert PARTITIONS == ("iid", "dirichlet", "pathological", "natural")
     assert TARGETS == ("none", "real", "binary", "multiclass")
     assert SYNTHETIC == ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d")
@@ -213,7 +214,8 @@ def test_diabetes():
         ("digits", "binary", "^dataset 'digits' has 10-class labels; this model needs binary labels"),
         ("digits", "real", "'digits' has 10-class labels; this model needs real-valued targets"),
         ("digits", "none", "'digits' has 10-class labels; this model needs no targets"),
-        ("mnist", "binary", "breast-cancer, diabetes, digits, synthetic, twonorm, mixture-1d or hub:"),
+        ("mnist", "binary", "breast-cancer, diabetes, digits, synthetic, twonorm, mixture-1d, "
+                              "amps-mixture, amps-gaussian, lda-corpus, latent-features or hub:"),
     ],
 )
 def test_bad_dataset_target(name, target, needle):

@@ -209,6 +209,10 @@ class Bundle(NamedTuple):
         bundle-specific faults (``nan`` is generic).
     prior_diag : callable
         ``prior_diag(config, model) -> bool``: whether the prior is held mean-field.
+    structured_models : bool
+        Whether the family runs the structured mean-field models (``gmm``, ``lda``,
+        ``latent-feature``; :data:`fedbayes_flwr.models.STRUCTURED_MODELS`), which are not
+        likelihoods over one parameter vector. Only AMPS does.
     """
 
     name: str
@@ -227,6 +231,7 @@ class Bundle(NamedTuple):
     failure_policy: str = "reject"
     corrupt: Callable | None = None
     prior_diag: Callable = _diag_if_mean_field
+    structured_models: bool = False
 
 
 def round_seed(run_seed: int, bundle: str, number: int, step: int) -> np.ndarray:

@@ -26,7 +26,8 @@ from .base import Bundle
 
 # One line per family: the module whose import registers it.
 BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi", "fedbayes_flwr.algorithms.dsvgd",
-                   "fedbayes_flwr.algorithms.sgld", "fedbayes_flwr.algorithms.fedavg")
+                   "fedbayes_flwr.algorithms.sgld", "fedbayes_flwr.algorithms.fedavg",
+                   "fedbayes_flwr.algorithms.amps")
 
 
 class Entry(NamedTuple):

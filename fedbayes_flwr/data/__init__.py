@@ -19,6 +19,7 @@ The package knows no model names. Modules: :mod:`.base` (types, errors, helpers)
 
 from __future__ import annotations
 
+from .amps_sets import AMPS_SETS, load_amps_set
 from .base import (
     DATASETS,
     HUB_PREFIX,
@@ -98,6 +99,10 @@ def load_dataset(
           `test_fraction` unused); for target ``"none"`` only. Partitioned over 2
           clients with ``"dirichlet"`` (the run configuration's default) or ``"iid"``,
           each client gets one row.
+        * ``"amps-mixture"``, ``"amps-gaussian"``, ``"lda-corpus"``, ``"latent-features"``:
+          the AMPS paper's data, generated from `seed` (fresh data per seed) at the paper's
+          sizes with their own held-out rows (`test_fraction` unused); for target
+          ``"none"``. See :mod:`fedbayes_flwr.data.amps_sets`.
     target : str
         The target kind the model needs, one of :data:`TARGETS`: ``"none"`` (no
         targets, ``y_train`` and ``y_test`` are ``None``), ``"real"`` (float64
@@ -190,6 +195,8 @@ def load_dataset(
         return load_npz(data_file, target, seed=seed, test_fraction=test_fraction)
     if name in EMBEDDED:
         return load_embedded(name, target, test_fraction)
+    if name in AMPS_SETS:
+        return load_amps_set(name, target, seed)
     if name == "synthetic":
         return make_synthetic(
             generator,

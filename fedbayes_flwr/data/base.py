@@ -21,7 +21,8 @@ __all__ = [
     "is_dataset_name",
 ]
 
-DATASETS = ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d")
+DATASETS = ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d",
+            "amps-mixture", "amps-gaussian", "lda-corpus", "latent-features")
 """Names of the embedded datasets accepted by :func:`fedbayes_flwr.data.load_dataset`."""
 
 HUB_PREFIX = "hub:"

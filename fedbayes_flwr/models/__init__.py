@@ -5,6 +5,8 @@
 * :mod:`.linear`: ``gaussian-mean``, ``linear-regression``, ``logistic-regression``,
   ``logistic-hyperprior``;
 * :mod:`.mixture`: ``mixture-1d``, the 1-D Gaussian-mixture toy of DSVGD;
+* :mod:`.structured`: ``gmm``, ``lda``, ``latent-feature`` (mean-field exponential-family
+  models for the AMPS family, :data:`STRUCTURED_MODELS`);
 * :mod:`.bnn`: ``bnn-classifier``, ``bnn-regression`` and :func:`parse_hidden`;
 * :mod:`.registry`: :data:`MODELS`, :func:`make_model`, :func:`model_class`,
   :func:`exact_posterior`.
@@ -21,15 +23,17 @@ from .base import (
 from .bnn import BNN, INIT_SEED, INIT_STD, BNNClassifier, BNNRegression, parse_hidden
 from .linear import GaussianMean, LinearRegression, LogisticHyperprior, LogisticRegression
 from .mixture import MixtureLikelihood1D
-from .registry import MODELS, exact_posterior, make_model, model_class
+from .registry import ALL_MODELS, MODELS, STRUCTURED_MODELS, exact_posterior, make_model, model_class
 
 __all__ = [
+    "ALL_MODELS",
     "BNN",
     "FREE_ENERGY_SAMPLES",
     "FREE_ENERGY_SEED",
     "INIT_SEED",
     "INIT_STD",
     "MODELS",
+    "STRUCTURED_MODELS",
     "SYNTHETIC",
     "TARGETS",
     "BNNClassifier",

@@ -15,6 +15,7 @@ from .base import Model
 from .bnn import BNNClassifier, BNNRegression
 from .linear import GaussianMean, LinearRegression, LogisticHyperprior, LogisticRegression
 from .mixture import MixtureLikelihood1D
+from .structured import STRUCTURED_CLASSES
 
 _CLASSES: dict[str, type[Model]] = {
     cls.name: cls
@@ -22,14 +23,19 @@ _CLASSES: dict[str, type[Model]] = {
                 LogisticHyperprior, MixtureLikelihood1D)
 }
 MODELS: tuple[str, ...] = tuple(_CLASSES)
+"""The models over one parameter vector (every family runs them)."""
+_STRUCTURED = {cls.name: cls for cls in STRUCTURED_CLASSES}
+STRUCTURED_MODELS: tuple[str, ...] = tuple(_STRUCTURED)
+"""Mean-field exponential-family models with label symmetry (the AMPS family only)."""
+ALL_MODELS: tuple[str, ...] = MODELS + STRUCTURED_MODELS
 
 
 def model_class(name: str) -> type[Model]:
     """The class registered as ``name`` (see :data:`MODELS`), without building it."""
     try:
-        return _CLASSES[name]
+        return _CLASSES[name] if name in _CLASSES else _STRUCTURED[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ALL_MODELS)}") from None
 
 
 @functools.cache

@@ -1,0 +1,10 @@
+"""Mean-field variational Bayes for exponential-family models with label symmetry (AMPS).
+
+Each model fits a client's local posterior by coordinate ascent (CAVI) and returns it as a
+NamedTuple of :mod:`fedbayes_flwr.expfam` blocks; AMPS (:mod:`fedbayes_flwr.amps`) merges them.
+No flwr and no TensorFlow here: the updates are closed-form numpy.
+"""
+
+from .base import FitResult, VBModel
+
+__all__ = ["FitResult", "VBModel"]
