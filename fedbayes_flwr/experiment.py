@@ -15,7 +15,7 @@ import numpy as np
 from .algorithms import registry
 from .algorithms.base import ActionSpec, Bundle, ClientData, Setup
 from .config import RunConfig, section_items
-from .data import Dataset, load_dataset, partition_indices
+from .data import DataError, Dataset, load_dataset, partition_indices
 from .gaussian import NaturalGaussian
 from .models import Model, make_model, model_class, parse_hidden
 
@@ -64,6 +64,10 @@ def build_experiment(config: RunConfig) -> Experiment:
             classes_per_client=config.partition_classes, seed=config.seed))
     model = make_model(config.model, config.noise_scale, parse_hidden(config.hidden_layers),
                        num_classes(dataset))
+    check = getattr(model, "check_data", None)  # structured models: e.g. LDA needs counts
+    reason = check(dataset.x_train) if check else None
+    if reason:
+        raise DataError(f"dataset {dataset.name!r}: {reason}")
     num_features = dataset.x_train.shape[1]
     diag = bundle.prior_diag(config.section, model)
     prior = model.prior(num_features, config.prior_scale, diag)

@@ -91,6 +91,7 @@ Kucukelbir & McAuliffe (2017), "Variational Inference: A Review for Statistician
 
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import NamedTuple
 
@@ -141,7 +142,8 @@ class LatentFeature(VBModel):
     symmetric = ("features", "probs")
 
     def __init__(self, num_features: int, dim: int, noise_var: float, alpha: float = 1.0,
-                 beta: float = 1.0, prior_precision: float = 1.0, max_enumerate: int = 12):
+                 beta: float = 1.0, prior_precision: float = 1.0, max_enumerate: int = 12,
+                 warmup: int = 100, move_candidates: int = 2, move_rounds: int = 3):
         if int(num_features) < 1 or int(dim) < 1:
             raise ValueError(f"num_features and dim must be >= 1, got {num_features}, {dim}")
         for label, value in (("noise_var", noise_var), ("alpha", alpha), ("beta", beta),
@@ -155,6 +157,11 @@ class LatentFeature(VBModel):
         self.beta = float(beta)
         self.prior_precision = float(prior_precision)
         self.max_enumerate = int(max_enumerate)
+        self.warmup = int(warmup)
+        self.move_candidates = int(move_candidates)
+        self.move_rounds = int(move_rounds)
+        if min(self.warmup, self.move_candidates, self.move_rounds) < 0:
+            raise ValueError("warmup, move_candidates and move_rounds must be >= 0")
 
     def __repr__(self) -> str:
         return (f"LatentFeature(num_features={self.num_features}, dim={self.dim}, "
@@ -256,10 +263,14 @@ class LatentFeature(VBModel):
         return trace
 
     def _fit_once(self, x, prior, rng, tol, max_iter, trace=None) -> FitResult:
-        n, _ = x.shape
-        phi = rng.integers(0, 2, size=(n, self.num_features)).astype(np.float64)
-        state = _State(self, x, prior, phi)
+        n, k = x.shape[0], self.num_features
+        state = _State(self, x, prior, rng.integers(0, 2, size=(n, k)).astype(np.float64))
         state.update_global()
+        if self.warmup > 0 and k <= self.max_enumerate:
+            configs = _configs(k)
+            bound = state.structured_em(configs, tol, self.warmup)
+            state, bound = self._feature_moves(state, bound, configs, rng, tol)
+            state.update_global()                 # from the structured marginals phi
         elbo = state.elbo()
         if trace is not None:
             trace.append(elbo)
@@ -276,6 +287,27 @@ class LatentFeature(VBModel):
                 converged = True
                 break
         return FitResult(state.params(), float(elbo), it, converged)
+
+    def _feature_moves(self, state, bound, configs, rng, tol):
+        """Feature replacement moves on the structured bound (module docstring, "Search")."""
+        for _ in range(self.move_rounds):
+            improved = False
+            for k in range(self.num_features):
+                for candidate in range(self.move_candidates):
+                    resid2 = np.sum(state.resid**2, axis=1)
+                    if candidate == 0 or not resid2.sum() > 0:
+                        row = int(np.argmax(resid2))
+                    else:
+                        row = int(rng.choice(len(resid2), p=resid2 / resid2.sum()))
+                    trial = state.copy()
+                    trial.reseed(k, row)
+                    new = trial.structured_em(configs, tol, self.warmup)
+                    if new > bound + tol * abs(bound):
+                        state, bound, improved = trial, new, True
+                        break
+            if not improved:
+                break
+        return state, bound
 
     # ------------------------------------------------------------------------ evaluation
     def heldout_loglik(self, params: LatentFeatureParams, x_test: np.ndarray,
@@ -295,18 +327,19 @@ class LatentFeature(VBModel):
         self._check_params(params, "params")
         if self.dim < 2:
             raise ValueError("predicting one coordinate from the others needs dim >= 2")
-        coords = np.random.default_rng(seed).integers(0, self.dim, size=len(x))
+        rng = np.random.default_rng(seed)
+        coords = rng.integers(0, self.dim, size=len(x))
         if self.num_features <= self.max_enumerate:
             lp = self._predict_enumerate(params, x, coords)
         else:
-            lp = self._predict_mean_field(params, x, coords)
+            lp = self._predict_gibbs(params, x, coords, rng)
         return float(np.mean(lp))
 
     def _predict_enumerate(self, params, x, coords, chunk: int = 256) -> np.ndarray:
         k = self.num_features
         means = expfam.mean(params.features)                                  # (K, D)
         pbar = expfam.mean(params.probs)                                      # (K,)
-        configs = np.array(list(itertools.product((0.0, 1.0), repeat=k)))     # (C, K)
+        configs = _configs(k)                                                 # (C, K)
         cm = configs @ means                                                  # (C, D)
         var = self.noise_var + configs @ (1.0 / params.features.prec)         # (C,)
         with np.errstate(divide="ignore"):
@@ -326,26 +359,40 @@ class LatentFeature(VBModel):
                                         - logsumexp(log_post, axis=1))
         return out
 
-    def _predict_mean_field(self, params, x, coords, passes: int = 20) -> np.ndarray:
-        means = expfam.mean(params.features)
+    def _predict_gibbs(self, params, x, coords, rng, burn_in: int = 50,
+                       samples: int = 200) -> np.ndarray:
+        """``log p(y_nd | y_n,-d)`` by Gibbs sampling ``z_n ~ p(z | y_n,-d)`` (the exact
+        conditionals of the enumerated posterior) and averaging ``N(y_nd; z . m_:d, s^2(z))``."""
+        n, k = len(x), self.num_features
+        means = expfam.mean(params.features)                                  # (K, D)
         inv_prec = 1.0 / params.features.prec
-        elog, elog1m = expfam.expected_log_beta(params.probs)
+        pbar = expfam.mean(params.probs)
+        with np.errstate(divide="ignore"):
+            prior_logit = np.log(pbar) - np.log1p(-pbar)
+        rows = np.arange(n)
         mask = np.ones_like(x)
-        mask[np.arange(len(x)), coords] = 0.0
-        phi = np.broadcast_to(expfam.mean(params.probs), (len(x), self.num_features)).copy()
-        resid = mask * (x - phi @ means)
-        for _ in range(passes):
-            for k in range(self.num_features):
-                r = resid + mask * phi[:, k:k + 1] * means[k]
-                sq = (mask * means[k] ** 2).sum(axis=1) + (self.dim - 1) * inv_prec[k]
-                logit = elog[k] - elog1m[k] + (r @ means[k] - 0.5 * sq) / self.noise_var
-                phi[:, k] = expit(logit)
-                resid = r - mask * phi[:, k:k + 1] * means[k]
-        md = means[:, coords].T                                               # (n, K)
-        mean = np.sum(phi * md, axis=1)
-        var = self.noise_var + phi @ inv_prec + np.sum(phi * (1 - phi) * md**2, axis=1)
-        y = x[np.arange(len(x)), coords]
-        return -0.5 * (LOG_2PI + np.log(var) + (y - mean) ** 2 / var)
+        mask[rows, coords] = 0.0
+        y_held = x[rows, coords]
+        z = (rng.random((n, k)) < pbar).astype(np.float64)
+        mean, var = z @ means, self.noise_var + z @ inv_prec
+        draws = np.empty((samples, n))
+        for sweep in range(burn_in + samples):
+            for j in range(k):
+                mean0 = mean - z[:, j:j + 1] * means[j]
+                var0 = var - z[:, j] * inv_prec[j]
+                mean1, var1 = mean0 + means[j], var0 + inv_prec[j]
+                ll0 = -0.5 * (np.sum(mask * (x - mean0) ** 2, axis=1) / var0
+                              + (self.dim - 1) * np.log(var0))
+                ll1 = -0.5 * (np.sum(mask * (x - mean1) ** 2, axis=1) / var1
+                              + (self.dim - 1) * np.log(var1))
+                on = rng.random(n) < expit(prior_logit[j] + ll1 - ll0)
+                z[:, j] = on
+                mean = np.where(on[:, None], mean1, mean0)
+                var = np.where(on, var1, var0)
+            if sweep >= burn_in:
+                draws[sweep - burn_in] = -0.5 * (LOG_2PI + np.log(var)
+                                                 + (y_held - mean[rows, coords]) ** 2 / var)
+        return logsumexp(draws, axis=0) - np.log(samples)
 
     def component_means(self, params: LatentFeatureParams) -> np.ndarray:
         """``(K, D)`` posterior means ``m_k = h_k / nu_k`` of the features."""
@@ -376,13 +423,19 @@ class LatentFeature(VBModel):
                 raise ValueError(reason)
 
 
+def _configs(k: int) -> np.ndarray:
+    """All ``2^k`` binary assignment vectors, ``(2^k, k)`` float."""
+    return np.array(list(itertools.product((0.0, 1.0), repeat=k)))
+
+
 class _State:
-    """One CAVI run's variational parameters and the residual ``R = Y - Phi M``."""
+    """One run's variational parameters, ``phi = E[z]`` and the residual ``R = Y - Phi M``."""
 
     def __init__(self, model: LatentFeature, x, prior: LatentFeatureParams, phi):
         self.x, self.phi = x, phi
         self.s2 = model.noise_var
         self.dim = model.dim
+        self.xx = float(np.sum(x**2))
         self.h0 = np.asarray(prior.features.h, dtype=np.float64)
         self.nu0 = np.asarray(prior.features.prec, dtype=np.float64)
         self.a0 = np.asarray(prior.probs.a, dtype=np.float64)
@@ -392,19 +445,30 @@ class _State:
         self.a, self.b = self.a0.copy(), self.b0.copy()
         self.resid = x - phi @ self.m
 
-    def update_global(self) -> None:
-        """The joint maximiser over all ``q(mu_k)`` (a ``K x K`` linear solve), then ``q(pi)``."""
-        phi, s2 = self.phi, self.s2
-        counts = phi.sum(axis=0)
-        gram = phi.T @ phi
-        gram[np.diag_indices_from(gram)] = counts            # E[z_nk^2] = phi_nk
+    def copy(self) -> _State:
+        new = copy.copy(self)
+        for name in ("phi", "m", "nu", "a", "b", "resid"):
+            setattr(new, name, getattr(self, name).copy())
+        return new
+
+    def set_global(self, counts, gram) -> None:
+        """The joint maximiser over all ``q(mu_k)`` (a ``K x K`` linear solve), and ``q(pi)``,
+        given ``sum_n E[z_n]`` (``counts``) and ``sum_n E[z_n z_n^T]`` (``gram``)."""
+        s2 = self.s2
         self.nu = self.nu0 + counts / s2
         system = gram / s2
         system[np.diag_indices_from(system)] += self.nu0
-        self.m = np.linalg.solve(system, self.h0 + phi.T @ self.x / s2)
-        self.resid = self.x - phi @ self.m
+        self.m = np.linalg.solve(system, self.h0 + self.phi.T @ self.x / s2)
+        self.resid = self.x - self.phi @ self.m
         self.a = self.a0 + counts
-        self.b = self.b0 + len(phi) - counts
+        self.b = self.b0 + len(self.phi) - counts
+
+    def update_global(self) -> None:
+        """Exact global updates under the mean-field ``q(z)`` (``E[z_nk^2] = phi_nk``)."""
+        counts = self.phi.sum(axis=0)
+        gram = self.phi.T @ self.phi
+        gram[np.diag_indices_from(gram)] = counts
+        self.set_global(counts, gram)
 
     def update_local(self) -> None:
         """Exact ``q(z_:k)`` updates, feature by feature."""
@@ -417,7 +481,56 @@ class _State:
             phi[:, k] = expit(elog[k] - elog1m[k] - 0.5 * sq / s2 + (r @ mk) / s2)
             self.resid = r - phi[:, k:k + 1] * mk
 
+    def structured_em(self, configs, tol: float, max_steps: int) -> float:
+        """Alternate the exact joint ``q(z_n)`` (all ``2^K`` configurations) with the global
+        updates until the collapsed bound's relative change is below ``tol``; the last bound."""
+        bound = -np.inf
+        for _ in range(max_steps):
+            new, counts, gram = self._structured_estep(configs)
+            self.set_global(counts, gram)
+            change = abs(new - bound) / max(abs(new), 1e-300)
+            bound = new
+            if change < tol:
+                break
+        return bound
+
+    def _structured_estep(self, configs):
+        """``q(z_n) propto exp(E[log p(y_n, z_n | mu, pi)])`` over all configurations: sets
+        ``phi`` to its marginals; returns the collapsed bound ``sum_n log Z_n - KL``, ``sum_n
+        E[z_n]`` and ``sum_n E[z_n z_n^T]``."""
+        s2, n = self.s2, len(self.x)
+        elog, elog1m = expfam.expected_log_beta(expfam.Beta(self.a, self.b))
+        cm = configs @ self.m                                                  # (C, D)
+        quad = np.sum(cm**2, axis=1) + configs @ (self.dim / self.nu)         # (C,)
+        logits = (self.x @ cm.T - 0.5 * quad) / s2 + configs @ (elog - elog1m)  # (n, C)
+        top = logits.max(axis=1, keepdims=True)
+        w = np.exp(logits - top)
+        norm = w.sum(axis=1, keepdims=True)
+        log_z = float(np.sum(np.log(norm) + top))
+        w /= norm
+        self.phi = w @ configs
+        gram = (configs * w.sum(axis=0)[:, None]).T @ configs
+        bound = (log_z + n * float(np.sum(elog1m)) - 0.5 * self.xx / s2
+                 - 0.5 * n * self.dim * (LOG_2PI + np.log(s2)) - self.kl())
+        return bound, self.phi.sum(axis=0), gram
+
+    def reseed(self, k: int, row: int) -> None:
+        """Feature ``k`` restarts at the residual of ``row`` without it."""
+        self.m[k] = self.resid[row] + self.phi[row, k] * self.m[k]
+
+    def kl(self) -> float:
+        """``KL(q(pi) || p(pi)) + KL(q(mu) || p(mu))``."""
+        a, b, a0, b0, d = self.a, self.b, self.a0, self.b0, self.dim
+        kl_pi = np.sum(betaln(a0, b0) - betaln(a, b) + (a - a0) * digamma(a)
+                       + (b - b0) * digamma(b) + (a0 - a + b0 - b) * digamma(a + b))
+        m0 = self.h0 / self.nu0[:, None]
+        ratio = self.nu0 / self.nu
+        kl_mu = 0.5 * np.sum(d * ratio + self.nu0 * np.sum((self.m - m0) ** 2, axis=1)
+                             - d - d * np.log(ratio))
+        return float(kl_pi + kl_mu)
+
     def elbo(self) -> float:
+        """The exact mean-field ELBO (module docstring)."""
         x, phi, s2, d = self.x, self.phi, self.s2, self.dim
         n = len(x)
         mm = np.sum(self.m**2, axis=1)
@@ -428,14 +541,7 @@ class _State:
         elog, elog1m = expfam.expected_log_beta(expfam.Beta(self.a, self.b))
         log_pz = counts @ elog + (n - counts) @ elog1m
         ent_z = np.sum(entr(phi) + entr(1 - phi))
-        a, b, a0, b0 = self.a, self.b, self.a0, self.b0
-        kl_pi = np.sum(betaln(a0, b0) - betaln(a, b) + (a - a0) * digamma(a)
-                       + (b - b0) * digamma(b) + (a0 - a + b0 - b) * digamma(a + b))
-        m0 = self.h0 / self.nu0[:, None]
-        ratio = self.nu0 / self.nu
-        kl_mu = 0.5 * np.sum(d * ratio + self.nu0 * np.sum((self.m - m0) ** 2, axis=1)
-                             - d - d * np.log(ratio))
-        return float(loglik + log_pz + ent_z - kl_pi - kl_mu)
+        return float(loglik + log_pz + ent_z - self.kl())
 
     def params(self) -> LatentFeatureParams:
         return LatentFeatureParams(

@@ -11,8 +11,8 @@ Mean field, in the notation of Hoffman, Blei & Bach (2010)::
 
     q(beta_k) = Dir(lambda_k),  q(theta_d) = Dir(gamma_d),  q(z_dn = k) = phi_dwk  (w = w_dn)
 
-Coordinate ascent (CAVI; Blei et al. 2003, eqs. 6-7 and 9; Hoffman et al. 2010, eqs. 2-3),
-with ``E[log theta_dk] = psi(gamma_dk) - psi(sum_j gamma_dj)`` and ``E[log beta_kw] =
+Coordinate ascent (CAVI; Blei et al. 2003, eqs. 6-7 and Section 5.4; Hoffman et al. 2010,
+Section 2.1), with ``E[log theta_dk] = psi(gamma_dk) - psi(sum_j gamma_dj)`` and ``E[log beta_kw] =
 psi(lambda_kw) - psi(sum_v lambda_kv)`` (:func:`fedbayes_flwr.expfam.expected_log`)::
 
     E-step, per document, repeated until its mean |change of gamma_d| < inner_tol:
@@ -29,8 +29,8 @@ of the documents still in it, so this keeps the ELBO monotone). ``gamma`` is war
 the previous sweep, which makes the sweeps exact coordinate ascent: the ELBO never decreases.
 
 ELBO at the state ``(phi, gamma, lambda)`` reached after an M-step, exact (Blei et al. 2003,
-eq. 15; Hoffman et al. 2010, eq. 4), with ``log B(a) = sum_i lgamma(a_i) - lgamma(sum_i a_i)``
-(the Dirichlet log-partition, :func:`fedbayes_flwr.expfam.log_partition`)::
+Appendix A.3; Hoffman et al. 2010, Section 2.1), with ``log B(a) = sum_i lgamma(a_i) -
+lgamma(sum_i a_i)`` (the Dirichlet log-partition, :func:`fedbayes_flwr.expfam.log_partition`)::
 
     L =  sum_{d,w,k} n_dw phi_dwk (E[log theta_dk] + E[log beta_kw] - log phi_dwk)
        + sum_d ( (alpha - gamma_d) . E[log theta_d] + log B(gamma_d) - log B(alpha 1_K) )
@@ -63,8 +63,9 @@ stay local.
 References
 ----------
 Blei, Ng & Jordan (2003), "Latent Dirichlet Allocation", JMLR 3, Section 5.2 and Appendix A.3
-(updates, eqs. 6-7 and 9; ELBO, eq. 15). Hoffman, Blei & Bach (2010), "Online Learning for Latent
-Dirichlet Allocation", eqs. (2)-(4) (batch VB in lambda/gamma/phi notation, phi eliminated).
+(updates, eqs. 6-7 and Section 5.4 for the smoothed topics; the ELBO expanded in Appendix
+A.3). Hoffman, Blei & Bach (2010), "Online Learning for Latent Dirichlet Allocation", Section
+2.1 and Algorithm 1 (batch VB in lambda/gamma/phi notation, phi eliminated).
 Campbell & How (2014), "Approximate Decentralized Bayesian Inference", Section 3.2 (LDA with AMPS,
 the symmetric topics, the initialisation). Wang, Paisley & Blei (2011), "Online Variational
 Inference for the Hierarchical Dirichlet Process", Section 4 (the 90/10 held-out protocol).
@@ -198,8 +199,8 @@ class LDA(VBModel):
 
         References
         ----------
-        Blei, Ng & Jordan (2003), eqs. (6)-(7), (9), (15); Hoffman, Blei & Bach (2010),
-        eqs. (2)-(4); Campbell & How (2014), Section 3.2 (initialisation).
+        Blei, Ng & Jordan (2003), eqs. (6)-(7), Section 5.4 and Appendix A.3; Hoffman, Blei &
+        Bach (2010), Section 2.1; Campbell & How (2014), Section 3.2 (initialisation).
         """
         x = self._counts(x)
         eta = self._topics(prior, "prior").alpha
