@@ -168,3 +168,44 @@ def test_fedavg_paper_size_query_and_rounds_equal_in_process(tmp_path):
     np.testing.assert_allclose(flower_post["samples"], local_post["samples"], rtol=0, atol=1e-6)
     assert _comparable(flower["history"]) == _comparable(local["history"])
     assert [h["clients"] for h in flower["history"]] == [[0], [1], [0]]
+
+
+def _without_timings(history):
+    """History rows without wall-clock fields (merge and fitting seconds differ between runs)."""
+    out = []
+    for row in _comparable(history):
+        row = {k: v for k, v in row.items() if k != "merge_seconds"}
+        if "diagnostics" in row:
+            row["diagnostics"] = {k: v for k, v in row["diagnostics"].items()
+                                  if not k.startswith("fit_seconds")}
+        out.append(row)
+    return out
+
+
+def test_amps_latent_features_moments_query_and_rejection_equal_in_process(tmp_path):
+    """AMPS on the latent-feature model through the Simulation Engine: the moments query (the
+    shared prior precision), one client's invalid posterior rejected, the merge of the other two
+    equal the in-process run."""
+    argv = ["--algorithm", "amps", "--model", "latent-feature", "--dataset", "latent-features",
+            "--num-clients", "3", "--partition", "iid", "--noise-scale", "0.2", "--seed", "2"]
+    rc = "components=5 restarts=1 inject-fault='negative-precision@1:2'"
+    flower, flower_post = _simulate(tmp_path / "flower", argv, rc)
+    local = run_in_process(parse_run_config({
+        "algorithm": "amps", "model": "latent-feature", "dataset": "latent-features",
+        "num-clients": 3, "partition": "iid", "noise-scale": 0.2, "seed": 2, "components": 5,
+        "restarts": 1, "inject-fault": "negative-precision@1:2",
+        "output-dir": str(tmp_path / "local")}), progress=False)
+    local_post = np.load(tmp_path / "local" / "posterior.npz")
+    for key in ("features.h", "features.prec", "probs.a", "probs.b"):
+        np.testing.assert_allclose(flower_post[key], local_post[key], rtol=1e-6, atol=1e-9)
+    # the same numbers up to summation order (the objective sums log-partitions of ~1e5)
+    got, want = _without_timings(flower["history"]), _without_timings(local["history"])
+    assert len(got) == len(want) == 1
+    assert got[0]["diagnostics"] == pytest.approx(want[0]["diagnostics"], rel=1e-9)
+    assert {k: v for k, v in got[0].items() if k != "diagnostics"} == pytest.approx(
+        {k: v for k, v in want[0].items() if k != "diagnostics"}, rel=1e-9)
+    row = flower["history"][0]
+    # the row lists the accepted replies of both exchanges: moments (0, 1, 2), then train (0, 1)
+    assert row["clients"] == [0, 1, 2, 0, 1] and row["rejected_replies"] == 1
+    assert row["diagnostics"]["clients_merged"] == 2
+    assert row["diagnostics"]["prior_precision"] > 0

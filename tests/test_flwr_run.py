@@ -63,8 +63,8 @@ def _output_dir(command: str) -> str:
     return re.search(r"output-dir='\$PWD/([^']+)'", command).group(1)
 
 
-def test_readme_has_the_three_flwr_commands():
-    assert len(FLWR_COMMANDS) == 3, FLWR_COMMANDS
+def test_readme_has_the_four_flwr_commands():
+    assert len(FLWR_COMMANDS) == 4, FLWR_COMMANDS
     assert all("$PWD/" in c and "--federation-config" in c for c in FLWR_COMMANDS)
 
 
@@ -144,3 +144,17 @@ def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path)
           np.load(tmp_path / "dsvgd-local" / "posterior.npz") as local):
         assert post["samples"].shape == (6, 21)
         np.testing.assert_allclose(post["samples"], local["samples"], rtol=0, atol=1e-6)
+
+    # The AMPS command: one round on ten nodes; the merged mixture equals the in-process merge.
+    out_dir = app / _output_dir(FLWR_COMMANDS[3])
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result["algorithm"] == "amps" and result["outcome"] == "completed"
+    assert result["history"][0]["clients"] == list(range(10))
+    keys = {"algorithm": "amps", "model": "gmm", "dataset": "amps-mixture", "num-clients": 10,
+            "partition": "iid", "noise-scale": 0.3, "prior-scale": 1.4142135623730951,
+            "output-dir": str(tmp_path / "amps-local")}
+    run_in_process(parse_run_config(keys), progress=False)
+    with (np.load(out_dir / "posterior.npz") as post,
+          np.load(tmp_path / "amps-local" / "posterior.npz") as local):
+        for key in ("means.h", "means.prec", "weights.alpha"):
+            np.testing.assert_allclose(post[key], local[key], rtol=1e-9, atol=1e-12)
