@@ -18,7 +18,7 @@ from fedbayes_flwr.config import parse_run_config
 from fedbayes_flwr.data.amps_sets import MIXTURE_MEANS, paper_mixture
 from fedbayes_flwr.engine import iterate_in_process, judge, run_in_process
 from fedbayes_flwr.experiment import build_experiment
-from fedbayes_flwr.models import exact_posterior, make_model
+from fedbayes_flwr.models import exact_posterior
 from fedbayes_flwr.vb.gaussian_vector import to_natural
 from fedbayes_flwr.vb.gmm import GMM
 

@@ -1,4 +1,4 @@
-"""Synthetic data of the finite latent feature model (Campbell & How 2014, Section 4.3).
+"""Synthetic data of the finite latent feature model (Campbell & How 2014, Section 3.3).
 
 ``K`` binary feature vectors ``f_k in {0, 1}^D`` (entries fair coin flips; a draw with an all-zero
 vector or two identical vectors is redrawn, since neither could be recovered), inclusion
@@ -11,7 +11,7 @@ are held out (the caller splits).
 
 References
 ----------
-Campbell & How (2014), "Approximate Decentralized Bayesian Inference", Section 4.3 (the synthetic
+Campbell & How (2014), "Approximate Decentralized Bayesian Inference", Section 3.3 (the synthetic
 latent feature data); Griffiths & Ghahramani (2005), "Infinite latent feature models and the Indian
 buffet process", Section 2 (the finite model).
 """
@@ -48,7 +48,7 @@ def make_latent_features(rng: np.random.Generator, num_obs: int = 1300, num_feat
 
     References
     ----------
-    Campbell & How (2014), "Approximate Decentralized Bayesian Inference", Section 4.3.
+    Campbell & How (2014), "Approximate Decentralized Bayesian Inference", Section 3.3.
     """
     if num_obs < 1 or num_features < 1 or dim < 1:
         raise ValueError(f"num_obs, num_features and dim must be >= 1, got "

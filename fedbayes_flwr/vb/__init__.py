@@ -6,5 +6,8 @@ No flwr and no TensorFlow here: the updates are closed-form numpy.
 """
 
 from .base import FitResult, VBModel
+from .gmm import GMM
+from .latent_feature import LatentFeature
+from .lda import LDA
 
-__all__ = ["FitResult", "VBModel"]
+__all__ = ["GMM", "LDA", "FitResult", "LatentFeature", "VBModel"]
