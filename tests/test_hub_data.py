@@ -249,3 +249,271 @@ def test_unreachable_hub_dataset_is_a_data_error(tmp_path):
 def test_bad_hub_arguments(name, kwargs, needle):
     with pytest.raises(DataError, match=needle):
         load_dataset(name, "multiclass", hub_kwargs=kwargs)
+
+
+# ------------------------------------------------------------------ text corpora (LDA)
+
+TOPICS = (
+    ("football", "goal", "team", "match", "player", "score", "league"),
+    ("orbit", "rocket", "planet", "launch", "nasa", "moon", "satellite"),
+    ("software", "windows", "driver", "disk", "memory", "program", "compiler"),
+)
+STOP = ("the", "and", "of", "is", "it", "was", "we", "they", "this", "about")
+N_DOCS_TRAIN, N_DOCS_TEST = 60, 20
+
+
+def _documents(rng, n: int) -> list[str]:
+    """Short fake documents: topic words and stop words, capitals, digits, punctuation."""
+    docs = []
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        words = list(rng.choice(topic, size=6)) + list(rng.choice(STOP, size=4)) + ["42", "x"]
+        rng.shuffle(words)
+        words[0] = words[0].capitalize()
+        docs.append(" ".join(words) + ". (re: 2024!)")
+    return docs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Train/test parquet files of a 20-newsgroups-like corpus (text, label, label_text).
+
+    Training documents 3 (empty), 7 (missing) and 11 (stop words and numbers only) and
+    test documents 5 (only words absent from training) and 9 (empty) have no vocabulary
+    word. Test document 0 also holds a word that is not in the training vocabulary.
+    """
+    import datasets
+
+    rng = np.random.default_rng(0)
+    root = tmp_path_factory.mktemp("corpus")
+    docs = {"train": _documents(rng, N_DOCS_TRAIN), "test": _documents(rng, N_DOCS_TEST)}
+    docs["train"][3], docs["train"][7], docs["train"][11] = "", None, "The and OF it, 1999 - 2000."
+    docs["test"][0] += " zebra"
+    docs["test"][5], docs["test"][9] = "Zebra quokka aardvark!", "   "
+    files = {}
+    for split, text in docs.items():
+        labels = [i % len(TOPICS) for i in range(len(text))]
+        names = [("sport", "space", "computers")[k] for k in labels]
+        ds = datasets.Dataset.from_dict(
+            {"text": text, "label": labels, "label_text": names},
+            features=datasets.Features(
+                {
+                    "text": datasets.Value("string"),
+                    "label": datasets.Value("int64"),
+                    "label_text": datasets.Value("string"),
+                }
+            ),
+        )
+        files[split] = str(root / f"{split}.parquet")
+        ds.to_parquet(files[split])
+    return files, docs
+
+
+def _word_counts(doc: str, vocabulary: list[str]) -> list[int]:
+    """Reference counts: lower-cased runs of letters (at least two) per vocabulary word."""
+    import re
+
+    tokens = re.findall(r"[a-z]{2,}", (doc or "").lower())
+    return [tokens.count(w) for w in vocabulary]
+
+
+def test_vectorise_text_counts_training_vocabulary_without_stop_words(corpus):
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    from fedbayes_flwr.data.text import vectorise_text
+
+    _, docs = corpus
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scikit-learn's stop-word consistency check is quiet
+        x_train, x_test, vocabulary = vectorise_text(docs["train"], docs["test"], stem=False)
+    # The vocabulary: every topic word, sorted; no stop word, number, letter or test-only word.
+    assert vocabulary == sorted(w for topic in TOPICS for w in topic)
+    assert not set(vocabulary) & (ENGLISH_STOP_WORDS | {"re", "x", "zebra", "quokka"})
+    # Non-negative integer counts, float64, one column per word.
+    for x in (x_train, x_test):
+        assert x.dtype == np.float64 and x.flags.c_contiguous
+        assert x.shape[1] == len(vocabulary)
+        assert x.min() >= 0 and np.array_equal(x, np.round(x))
+        assert (x.sum(axis=1) == 6).all()  # the six topic words of each document
+    # Empty documents dropped, order kept; the counts are the reference counts.
+    kept_train = [d for i, d in enumerate(docs["train"]) if i not in (3, 7, 11)]
+    kept_test = [d for i, d in enumerate(docs["test"]) if i not in (5, 9)]
+    assert x_train.shape[0] == N_DOCS_TRAIN - 3 and x_test.shape[0] == N_DOCS_TEST - 2
+    np.testing.assert_array_equal(x_train, [_word_counts(d, vocabulary) for d in kept_train])
+    np.testing.assert_array_equal(x_test, [_word_counts(d, vocabulary) for d in kept_test])
+
+    # Test documents never change the vocabulary; a test-only word is ignored.
+    _, x_other, vocabulary_other = vectorise_text(docs["train"], ["zebra goal goal"], stem=False)
+    assert vocabulary_other == vocabulary
+    np.testing.assert_array_equal(x_other, [_word_counts("goal goal", vocabulary)])
+
+
+def test_vectorise_text_vocabulary_cap_and_errors(corpus):
+    from fedbayes_flwr.data.text import TEXT_MAX_FEATURES, vectorise_text
+
+    _, docs = corpus
+    assert TEXT_MAX_FEATURES == 2000
+    full, _, vocabulary = vectorise_text(docs["train"], docs["test"], stem=False)
+    totals = dict(zip(vocabulary, full.sum(axis=0), strict=True))
+    x_train, x_test, top = vectorise_text(docs["train"], docs["test"], max_features=5, stem=False)
+    assert len(top) == 5 and x_train.shape[1] == x_test.shape[1] == 5
+    assert top == sorted(top)
+    assert min(totals[w] for w in top) >= max(totals[w] for w in vocabulary if w not in top)
+    # Documents left without a kept word are dropped too.
+    assert (x_train.sum(axis=1) > 0).all() and (x_test.sum(axis=1) > 0).all()
+    one, _, word = vectorise_text(["cat cat dog", "dog", "bird"], ["cat"], max_features=1, stem=False)
+    assert word == ["cat"] and one.tolist() == [[2.0]]
+    _, _, every = vectorise_text(docs["train"], docs["test"], max_features=None, stem=False)
+    assert every == vocabulary
+
+    for bad in (0, -3, 2.5, True, "10"):
+        with pytest.raises(DataError, match="max_features must be a positive integer or None"):
+            vectorise_text(docs["train"], docs["test"], max_features=bad)
+    with pytest.raises(DataError, match="no word left in the training documents"):
+        vectorise_text(["The and of it", "", None, "12 34"], ["goal"], stem=False)
+    with pytest.raises(DataError, match="every one of the 2 test documents is empty"):
+        vectorise_text(docs["train"], ["zebra", ""], stem=False)
+    with pytest.raises(DataError, match="test document 1 is not text \\(got int\\)"):
+        vectorise_text(docs["train"], ["goal", 7], stem=False)
+    with pytest.raises(DataError, match="one string"):
+        vectorise_text("goal team", ["goal"], stem=False)
+    with pytest.raises(DataError, match="no test documents"):
+        vectorise_text(docs["train"], [], stem=False)
+
+
+def test_vectorise_text_stems_only_with_nltk(monkeypatch):
+    import sys
+    import types
+
+    from fedbayes_flwr.data.text import vectorise_text
+
+    train, test = ["Players played the playing field", "fields"], ["players played"]
+    monkeypatch.setitem(sys.modules, "nltk.stem", None)  # NLTK missing: import fails
+    _, _, plain = vectorise_text(train, test)
+    assert plain == ["field", "fields", "played", "players", "playing"]
+    assert vectorise_text(train, test, stem=False)[2] == plain
+    with pytest.raises(DataError, match="stemming needs NLTK"):
+        vectorise_text(train, test, stem=True)
+
+    class PorterStemmer:  # a stand-in with NLTK's interface (strips a few suffixes)
+        def stem(self, word: str) -> str:
+            for suffix in ("ing", "ed", "s"):
+                if word.endswith(suffix):
+                    return word[: -len(suffix)]
+            return word
+
+    fake = types.ModuleType("nltk.stem")
+    fake.PorterStemmer = PorterStemmer
+    monkeypatch.setitem(sys.modules, "nltk", types.ModuleType("nltk"))
+    monkeypatch.setitem(sys.modules, "nltk.stem", fake)
+    for stem in (None, True):
+        x_train, x_test, stems = vectorise_text(train, test, stem=stem)
+        assert stems == ["field", "play", "player"]
+        np.testing.assert_array_equal(x_train, [[1, 2, 1], [1, 0, 0]])
+        np.testing.assert_array_equal(x_test, [[0, 1, 1]])
+    assert vectorise_text(train, test, stem=False)[2] == plain
+
+
+def test_hub_text_column_gives_lda_word_counts(corpus, tmp_path):
+    from fedbayes_flwr.data.hub import load_hub_text
+    from fedbayes_flwr.data.text import vectorise_text
+    from fedbayes_flwr.models.registry import model_class
+    from fedbayes_flwr.models.structured import LDAModel
+
+    files, docs = corpus
+    kwargs = _hub_kwargs(files, tmp_path)
+    assert model_class("lda").target == "none"
+    dropped = (
+        "hub dataset 'parquet': dropped 3 of 60 training documents and 2 of 20 test documents "
+        "with no vocabulary word (empty, or only stop words, numbers or rare words)"
+    )
+    with pytest.warns(DataWarning) as record:
+        d = load_dataset("hub:parquet", "none", hub_kwargs=kwargs)
+    assert [str(w.message) for w in record] == [dropped]
+    assert record[0].filename == __file__  # points at the caller of load_dataset
+    x_train, x_test, vocabulary = vectorise_text(docs["train"], docs["test"])
+    assert d.name == "hub:parquet" and d.holdout_rows == 0 and d.client_id is None
+    assert d.y_train is None and d.y_test is None  # labels ignored
+    np.testing.assert_array_equal(d.x_train, x_train)
+    np.testing.assert_array_equal(d.x_test, x_test)
+    assert d.x_train.shape == (N_DOCS_TRAIN - 3, len(vocabulary))
+    assert d.x_train.dtype == np.float64 and d.x_train.flags.c_contiguous
+    lda = LDAModel()
+    assert lda.check_data(d.x_train) is None and lda.check_data(d.x_test) is None
+    parts = partition_indices(d, 3, "iid", seed=0)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(d.x_train.shape[0]))
+
+    # The vocabulary, with the same counts; the cap through load_dataset.
+    with pytest.warns(DataWarning, match="dropped 3 of 60") as record:
+        same, words = load_hub_text("hub:parquet", hub_kwargs=kwargs)
+    assert record[0].filename == __file__
+    assert words == vocabulary
+    np.testing.assert_array_equal(same.x_train, d.x_train)
+    with pytest.warns(DataWarning, match="dropped"):
+        capped = load_dataset("hub:parquet", "none", hub_kwargs=kwargs, hub_max_features=4)
+    with pytest.warns(DataWarning, match="dropped"):
+        _, small = load_hub_text("hub:parquet", hub_kwargs=kwargs, max_features=4)
+    assert capped.x_train.shape[1] == capped.x_test.shape[1] == len(small) == 4
+    assert set(small) < set(vocabulary)
+    assert (capped.x_train.sum(axis=1) > 0).all()
+
+    # An explicitly named text column (the string labels here): one document per label.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)  # no empty document
+        t = load_dataset("hub:parquet", "none", hub_kwargs=kwargs, hub_feature_column="label_text")
+    assert t.x_train.shape == (N_DOCS_TRAIN, 3) and t.x_train.sum() == N_DOCS_TRAIN
+    # Only a text column with target "none" gives word counts.
+    n = load_dataset("hub:parquet", "none", hub_kwargs=kwargs, hub_feature_column="label")
+    assert n.x_train.shape == (N_DOCS_TRAIN, 1)
+    with pytest.raises(DataError, match="feature column\\(s\\) label hold no text"):
+        load_hub_text("hub:parquet", hub_kwargs=kwargs, feature_column="label")
+
+
+def test_hub_text_without_test_split_fits_vocabulary_on_training_part(corpus, tmp_path):
+    from fedbayes_flwr.data.hub import load_hub_text
+    from fedbayes_flwr.data.text import vectorise_text
+
+    files, docs = corpus
+    kwargs = _hub_kwargs({"train": files["train"]}, tmp_path)
+    with pytest.warns(DataWarning) as record:
+        d, vocabulary = load_hub_text("hub:parquet", test_fraction=0.25, hub_kwargs=kwargs)
+    messages = [str(w.message) for w in record]
+    assert messages[0].startswith("hub dataset 'parquet': dropped 3 of 45 training documents")
+    assert messages[1] == (
+        "hub dataset 'parquet' has no 'test' split: held out 15 of 60 rows "
+        "(test-fraction 0.25) as the test set"
+    )
+    assert d.holdout_rows == 15
+    perm = np.random.default_rng(0).permutation(N_DOCS_TRAIN)
+    train = [docs["train"][i] for i in np.sort(perm[15:])]
+    test = [docs["train"][i] for i in np.sort(perm[:15])]
+    x_train, x_test, expected = vectorise_text(train, test)
+    assert vocabulary == expected
+    np.testing.assert_array_equal(d.x_train, x_train)
+    np.testing.assert_array_equal(d.x_test, x_test)
+    assert d.x_train.shape[0] + d.x_test.shape[0] == N_DOCS_TRAIN - 3
+
+
+@pytest.mark.parametrize("target", ["real", "binary", "multiclass"])
+def test_hub_text_column_needs_target_none(corpus, tmp_path, target):
+    files, _ = corpus
+    kwargs = _hub_kwargs(files, tmp_path)
+    for column in (None, "text", "label_text"):
+        with pytest.raises(
+            DataError,
+            match=r"hub dataset 'parquet': feature column '(text|label_text)' holds text, which "
+            r"becomes word counts only for a model without targets \(target 'none', e.g. lda\); "
+            r"this model needs ",
+        ):
+            load_dataset("hub:parquet", target, hub_kwargs=kwargs, hub_feature_column=column)
+
+
+def test_hub_text_column_must_be_alone(corpus, tmp_path):
+    files, _ = corpus
+    with pytest.raises(DataError, match="text column 'text' must be the only feature column"):
+        load_dataset(
+            "hub:parquet",
+            "none",
+            hub_kwargs=_hub_kwargs(files, tmp_path),
+            hub_feature_column=["label", "text"],
+        )

@@ -35,6 +35,7 @@ from .hub import load_hub
 from .npz import load_npz
 from .partitions import PARTITIONS, partition_indices
 from .synthetic import SYNTHETIC, make_synthetic, resolve_synthetic
+from .text import TEXT_MAX_FEATURES
 
 __all__ = [
     "DATASETS",
@@ -65,6 +66,7 @@ def load_dataset(
     hub_kwargs: dict | None = None,
     hub_feature_column: str | list[str] | tuple[str, ...] | None = None,
     hub_label_column: str | None = None,
+    hub_max_features: int | None = TEXT_MAX_FEATURES,
 ) -> Dataset:
     """Load an embedded dataset, a hub dataset or a user ``.npz`` file for a model.
 
@@ -151,11 +153,17 @@ def load_dataset(
         defaults to ``False`` here (rows kept in source order).
     hub_feature_column : str or sequence of str or None, optional
         Hub datasets only: the input column(s). By default the first of ``"image"``,
-        ``"img"``, ``"pixels"`` present, else every scalar numeric column other than the
-        label. Each row is flattened; several columns are concatenated.
+        ``"img"``, ``"pixels"`` present, else a ``"text"`` column of strings, else every
+        scalar numeric column other than the label. Each row is flattened; several
+        columns are concatenated. A text column (any column of strings) must be the only
+        one and needs target ``"none"``; it becomes word counts (see Notes).
     hub_label_column : str or None, optional
         Hub datasets only: the target column. By default the first of ``"label"``,
-        ``"labels"``, ``"fine_label"`` present.
+        ``"labels"``, ``"fine_label"`` present. Not read for target ``"none"``.
+    hub_max_features : int or None, optional
+        Hub text columns only: the vocabulary size, the most frequent training words
+        (default :data:`fedbayes_flwr.data.text.TEXT_MAX_FEATURES`, 2000); ``None``
+        keeps every word.
 
     Returns
     -------
@@ -173,7 +181,8 @@ def load_dataset(
     -----
     DataWarning
         When rows of a data file without ``x_test`` (or of a hub dataset without a
-        ``"test"`` split) are held out as the test set.
+        ``"test"`` split) are held out as the test set, and when documents of a hub text
+        column are dropped as empty.
 
     Notes
     -----
@@ -185,6 +194,15 @@ def load_dataset(
     ``"img"`` or ``"pixels"``) are flattened and scaled to [0, 1]: integer pixels in
     0..255 are divided by 255, other unsigned 16-bit pixels by 65535, float pixels are
     kept as they are. Other feature columns are not rescaled.
+
+    A hub text column (e.g. ``text`` of ``"hub:SetFit/20_newsgroups"``, for LDA) becomes
+    bag-of-words counts (:func:`fedbayes_flwr.data.text.vectorise_text`): lower-cased
+    tokens of two or more letters, English stop words removed, vocabulary fitted on the
+    training split only and capped at `hub_max_features`, the test split counted with
+    the training vocabulary, documents left with no word dropped. Words are stemmed only
+    when NLTK is installed (not a dependency), so by default they are not. The labels are
+    ignored. :func:`fedbayes_flwr.data.hub.load_hub_text` returns the same counts with
+    the vocabulary (the word of each column).
     """
     check_target(target)
     generator = resolve_synthetic(synthetic, target)
@@ -215,6 +233,7 @@ def load_dataset(
             hub_kwargs=hub_kwargs,
             feature_column=hub_feature_column,
             label_column=hub_label_column,
+            max_features=hub_max_features,
         )
     raise DataError(
         f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)} "

@@ -1,6 +1,8 @@
 """Hugging Face datasets (``"hub:<id>"``) loaded through ``flwr_datasets.FederatedDataset``.
 
-``flwr_datasets`` and ``datasets`` are imported lazily, when a hub dataset is loaded.
+``flwr_datasets`` and ``datasets`` are imported lazily, when a hub dataset is loaded. A text
+column (e.g. ``text`` of ``"hub:SetFit/20_newsgroups"``) becomes word counts through
+:func:`fedbayes_flwr.data.text.vectorise_text`, for models without targets (LDA).
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ from .base import (
     as_float_array,
     as_x,
     as_y,
+    needs,
     num_test_rows,
     one_line,
 )
+from .text import TEXT_MAX_FEATURES, vectorise_text
 
-__all__ = ["load_hub"]
+__all__ = ["load_hub", "load_hub_text"]
 
 # Column names tried, in order, when a hub dataset's columns are not given.
 _HUB_IMAGE_COLUMNS = ("image", "img", "pixels")
+_HUB_TEXT_COLUMNS = ("text",)
 _HUB_LABEL_COLUMNS = ("label", "labels", "fine_label")
 _HUB_RESERVED_KWARGS = ("dataset", "partitioners", "preprocessor")
 
@@ -64,10 +69,22 @@ def _hub_holdout(dataset_id: str, test_fraction: float, report: dict):
     return preprocess
 
 
+def _is_text(feature) -> bool:
+    """Whether a ``datasets`` feature is a column of strings."""
+    import datasets
+
+    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+
+
 def _hub_columns(
     features, dataset_id: str, target: str, feature_column, label_column
 ) -> tuple[list[str], str | None]:
-    """Resolve the feature and label column names of a hub split."""
+    """Resolve the feature and label column names of a hub split.
+
+    Detected feature columns: the first image column, else the first text column (see
+    :data:`_HUB_TEXT_COLUMNS`), else every scalar numeric column other than the label. A
+    text column must be the only feature column and needs target ``"none"``.
+    """
     import datasets
 
     names = list(features)
@@ -76,15 +93,13 @@ def _hub_columns(
         label_column = next((c for c in _HUB_LABEL_COLUMNS if c in features), None)
     elif label_column not in features:
         raise DataError(f"{where} has no label column {label_column!r}; columns: {', '.join(names)}")
-    if target != "none" and label_column is None:
-        raise DataError(
-            f"{where} has no label column ({', '.join(_HUB_LABEL_COLUMNS)}); columns: "
-            f"{', '.join(names)}; pass hub_label_column"
-        )
     if feature_column is None:
         image = next((c for c in _HUB_IMAGE_COLUMNS if c in features), None)
+        text = next((c for c in _HUB_TEXT_COLUMNS if c in features and _is_text(features[c])), None)
         if image is not None:
             columns = [image]
+        elif text is not None:
+            columns = [text]
         else:
             numeric = ("int", "uint", "float", "bool")
             columns = [
@@ -98,8 +113,9 @@ def _hub_columns(
             ]
         if not columns:
             raise DataError(
-                f"{where}: no image column ({', '.join(_HUB_IMAGE_COLUMNS)}) and no numeric "
-                f"column; columns: {', '.join(names)}; pass hub_feature_column"
+                f"{where}: no image column ({', '.join(_HUB_IMAGE_COLUMNS)}), no text column "
+                f"({', '.join(_HUB_TEXT_COLUMNS)}) and no numeric column; columns: "
+                f"{', '.join(names)}; pass hub_feature_column"
             )
     else:
         columns = [feature_column] if isinstance(feature_column, str) else list(feature_column)
@@ -109,6 +125,24 @@ def _hub_columns(
                 f"{where} has no feature column {', '.join(map(repr, missing)) or '(none given)'}; "
                 f"columns: {', '.join(names)}"
             )
+    texts = [c for c in columns if _is_text(features[c])]
+    if texts:
+        if target != "none":
+            raise DataError(
+                f"{where}: feature column {texts[0]!r} holds text, which becomes word counts "
+                f"only for a model without targets (target 'none', e.g. lda); this model needs "
+                f"{needs(target)}"
+            )
+        if len(columns) > 1:
+            raise DataError(
+                f"{where}: text column {texts[0]!r} must be the only feature column, got "
+                f"{', '.join(columns)}"
+            )
+    if target != "none" and label_column is None:
+        raise DataError(
+            f"{where} has no label column ({', '.join(_HUB_LABEL_COLUMNS)}); columns: "
+            f"{', '.join(names)}; pass hub_label_column"
+        )
     return columns, (None if target == "none" else label_column)
 
 
@@ -148,6 +182,39 @@ def _hub_arrays(split, columns: list[str], label_column: str | None, where: str,
     return x, y
 
 
+def _hub_text(train, test, column: str, where: str, max_features, stacklevel: int):
+    """Word counts of the text `column` of the train and test splits, and the vocabulary.
+
+    See :func:`vectorise_text`; dropped empty documents are reported with a
+    :class:`DataWarning`.
+    """
+    docs = {}
+    for split_name, split in (("train", train), ("test", test)):
+        if not _is_text(split.features[column]):
+            raise DataError(
+                f"{where}: column {column!r} of split {split_name!r} is not text "
+                f"({split.features[column]})"
+            )
+        docs[split_name] = split.select_columns([column]).with_format(None)[:][column]
+    try:
+        x_train, x_test, vocabulary = vectorise_text(docs["train"], docs["test"], max_features)
+    except DataError as exc:
+        raise DataError(f"{where}: text column {column!r}: {exc}") from None
+    dropped = [
+        f"{len(docs[s]) - x.shape[0]} of {len(docs[s])} {label} documents"
+        for s, x, label in (("train", x_train, "training"), ("test", x_test, "test"))
+        if len(docs[s]) > x.shape[0]
+    ]
+    if dropped:
+        warnings.warn(
+            f"{where}: dropped {' and '.join(dropped)} with no vocabulary word "
+            "(empty, or only stop words, numbers or rare words)",
+            DataWarning,
+            stacklevel=stacklevel + 1,
+        )
+    return x_train, x_test, vocabulary
+
+
 def load_hub(
     name: str,
     target: str,
@@ -156,6 +223,7 @@ def load_hub(
     hub_kwargs: dict | None,
     feature_column,
     label_column: str | None,
+    max_features: int | None = TEXT_MAX_FEATURES,
 ) -> Dataset:
     """Load a hub dataset ``"hub:<id>"`` for a model needing `target`.
 
@@ -172,21 +240,140 @@ def load_hub(
     hub_kwargs : dict or None
         Extra keyword arguments of ``flwr_datasets.FederatedDataset``.
     feature_column : str or sequence of str or None
-        Input column(s); ``None`` to detect them.
+        Input column(s); ``None`` to detect them: the first image column (``"image"``,
+        ``"img"``, ``"pixels"``), else a ``"text"`` column of strings, else every scalar
+        numeric column other than the label.
     label_column : str or None
-        Target column; ``None`` to detect it.
+        Target column; ``None`` to detect it. Not read for target ``"none"``.
+    max_features : int or None, optional
+        Text columns only: vocabulary size cap of :func:`~fedbayes_flwr.data.text.vectorise_text`
+        (default :data:`~fedbayes_flwr.data.text.TEXT_MAX_FEATURES`); ``None`` for no cap.
 
     Returns
     -------
     Dataset
         Named `name`. ``holdout_rows`` is the number of training rows held out as the
         test set (0 when the dataset has a ``"test"`` split); when rows are held out a
-        :class:`DataWarning` says so.
+        :class:`DataWarning` says so. For a text column, ``x_train`` and ``x_test`` are
+        word counts (one row per non-empty document, one column per vocabulary word).
 
     Raises
     ------
     DataError
-        When the dataset cannot be loaded or its columns do not fit.
+        When the dataset cannot be loaded or its columns do not fit, e.g. a text column
+        for a model that needs targets.
+
+    Warns
+    -----
+    DataWarning
+        When rows are held out as the test set, and when documents of a text column are
+        dropped because no vocabulary word is left in them.
+
+    Notes
+    -----
+    A text column (a string feature: the detected ``"text"`` column or the one given as
+    `feature_column`) is turned into bag-of-words counts by
+    :func:`~fedbayes_flwr.data.text.vectorise_text`: lower-cased letter-only tokens,
+    English stop words removed, vocabulary fitted on the training split only and capped
+    at `max_features`, the test split counted with the training vocabulary, documents
+    left empty dropped. Words are stemmed only when NLTK is installed. The vocabulary
+    (the word of each column) is not part of the :class:`Dataset`; it is the third value
+    of ``vectorise_text`` called on the same two splits' documents with the same
+    `max_features`, which is deterministic; :func:`load_hub_text` returns it.
+    """
+    return _load(
+        name,
+        target,
+        test_fraction=test_fraction,
+        hub_kwargs=hub_kwargs,
+        feature_column=feature_column,
+        label_column=label_column,
+        max_features=max_features,
+        stacklevel=3,  # warnings point at the caller of load_dataset
+    )[0]
+
+
+def load_hub_text(
+    name: str,
+    *,
+    test_fraction: float = 0.2,
+    hub_kwargs: dict | None = None,
+    feature_column: str | None = None,
+    max_features: int | None = TEXT_MAX_FEATURES,
+) -> tuple[Dataset, list[str]]:
+    """Load a hub text corpus as word counts, with its vocabulary (e.g. for LDA topics).
+
+    The same data as ``load_dataset(name, "none", hub_kwargs=..., hub_feature_column=...,
+    hub_max_features=...)``, plus the word of each column.
+
+    Parameters
+    ----------
+    name : str
+        ``"hub:<dataset-id>"``, e.g. ``"hub:SetFit/20_newsgroups"``.
+    test_fraction : float, optional
+        Fraction of the training documents held out (fixed permutation, seed 0) when the
+        dataset has no ``"test"`` split.
+    hub_kwargs : dict or None, optional
+        Extra keyword arguments of ``flwr_datasets.FederatedDataset``.
+    feature_column : str or None, optional
+        The text column; ``None`` for a ``"text"`` column.
+    max_features : int or None, optional
+        Vocabulary size cap (default :data:`~fedbayes_flwr.data.text.TEXT_MAX_FEATURES`);
+        ``None`` for no cap.
+
+    Returns
+    -------
+    dataset : Dataset
+        Word counts of the non-empty documents, no targets.
+    vocabulary : list of str
+        ``vocabulary[j]`` is the word counted by column ``j`` of ``dataset.x_train`` and
+        ``dataset.x_test`` (and of a fitted LDA's topic-word matrix).
+
+    Raises
+    ------
+    DataError
+        When the dataset cannot be loaded or its feature column is not text.
+
+    Warns
+    -----
+    DataWarning
+        When documents are held out as the test set or dropped as empty.
+    """
+    test_fraction = float(test_fraction)
+    if not 0.0 < test_fraction < 1.0:
+        raise DataError(f"test fraction must be strictly between 0 and 1, got {test_fraction}")
+    dataset, vocabulary = _load(
+        name,
+        "none",
+        test_fraction=test_fraction,
+        hub_kwargs=hub_kwargs,
+        feature_column=feature_column,
+        label_column=None,
+        max_features=max_features,
+        stacklevel=2,
+    )
+    if vocabulary is None:
+        raise DataError(
+            f"hub dataset {name[len(HUB_PREFIX):].strip()!r}: feature column(s) "
+            f"{feature_column or '(detected)'} hold no text; pass the text column as feature_column"
+        )
+    return dataset, vocabulary
+
+
+def _load(
+    name: str,
+    target: str,
+    *,
+    test_fraction: float,
+    hub_kwargs: dict | None,
+    feature_column,
+    label_column: str | None,
+    max_features: int | None,
+    stacklevel: int,
+) -> tuple[Dataset, list[str] | None]:
+    """:func:`load_hub`, also returning the vocabulary of a text column (else ``None``).
+
+    `stacklevel` is the warnings' stack level as seen from the caller of this function.
     """
     dataset_id = name[len(HUB_PREFIX):].strip()
     if not dataset_id:
@@ -222,8 +409,15 @@ def load_hub(
         missing = [c for c in columns + ([label] if label else []) if c not in split.features]
         if missing:
             raise DataError(f"{where}: split {split_name!r} lacks column(s) {', '.join(missing)}")
-    x_train, y_train = _hub_arrays(train, columns, label, f"{where} (train)", target)
-    x_test, y_test = _hub_arrays(test, columns, label, f"{where} (test)", target)
+    vocabulary = None
+    if _is_text(train.features[columns[0]]):
+        x_train, x_test, vocabulary = _hub_text(
+            train, test, columns[0], where, max_features, stacklevel + 1
+        )
+        y_train = y_test = None  # a text column needs target "none" (checked above)
+    else:
+        x_train, y_train = _hub_arrays(train, columns, label, f"{where} (train)", target)
+        x_test, y_test = _hub_arrays(test, columns, label, f"{where} (test)", target)
     if x_test.shape[1] != x_train.shape[1]:
         raise DataError(
             f"{where}: test rows have {x_test.shape[1]} features but train rows have {x_train.shape[1]}"
@@ -234,6 +428,6 @@ def load_hub(
             f"{where} has no 'test' split: held out {holdout} of {report['rows']} rows "
             f"(test-fraction {test_fraction:g}) as the test set",
             DataWarning,
-            stacklevel=3,
+            stacklevel=stacklevel + 1,
         )
-    return Dataset(x_train, y_train, x_test, y_test, None, name, holdout)
+    return Dataset(x_train, y_train, x_test, y_test, None, name, holdout), vocabulary
