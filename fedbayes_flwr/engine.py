@@ -59,6 +59,7 @@ class RunStopped(RuntimeError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+        self.state = None  # the server state when the run stopped, where an engine knows it
 
 
 class RoundLog(NamedTuple):
@@ -198,7 +199,11 @@ def _iterate_barrier(exp: Experiment, num_updates: int):
         requests = bundle.requests(state, setup, rnd)
         replies = {pid: side.reply(state, pid, req, number, 0, tally)
                    for pid, req in sorted(requests.items())}
-        replies = _apply_policy(exp, state, side, requests, replies, number, tally)
+        try:
+            replies = _apply_policy(exp, state, side, requests, replies, number, tally)
+        except RunStopped as err:
+            err.state = state  # the caller saves what was computed before the failure
+            raise
         state, info = bundle.server_step(state, sorted(replies.items()), setup, rnd)
         update += info.updates
         settled = info.settled
@@ -215,15 +220,16 @@ def _iterate_barrier(exp: Experiment, num_updates: int):
 
 def _apply_policy(exp, state, side, requests, replies, number, tally):
     """Failure policy: ``retry`` re-sends failed requests with fresh attempt seeds (up to
-    ``max-retries``), ``stop`` raises :class:`RunStopped`, ``reject`` goes on."""
+    ``max-retries``), ``stop`` raises :class:`RunStopped`, ``retry-stop`` does both in that order,
+    ``reject`` goes on."""
     policy = exp.bundle.failure_policy
-    if policy == "retry":
+    if policy in ("retry", "retry-stop"):
         for attempt in range(1, exp.config.max_retries + 1):
             failed = [pid for pid, r in replies.items() if isinstance(r, Rejection)]
             tally.retried += len(failed)
             for pid in failed:
                 replies[pid] = side.reply(state, pid, requests[pid], number, attempt, tally)
-    if policy == "stop":
+    if policy in ("stop", "retry-stop"):
         stop_on_failure(exp.bundle.name, number, replies)
     return replies
 
@@ -306,7 +312,8 @@ def run_in_process(config, output_dir: str | None = None, progress: bool = True)
             recorder.record(update, exp.bundle.posterior(state, exp.setup), log)
         recorder.finish()
     except RunStopped as err:
-        recorder.stop(err.reason)
+        state = getattr(err, "state", None)
+        recorder.stop(err.reason, None if state is None else exp.bundle.posterior(state, exp.setup))
     except Interrupted:
         recorder.interrupt()
     with open(os.path.join(recorder.output_dir, "result.json")) as f:

@@ -30,7 +30,7 @@ from . import gaussian as G
 from .gaussian import NaturalGaussian
 
 __all__ = ["PREDICTIVE_SAMPLES", "PREDICTIVE_SEED", "GaussianPosterior", "Posterior",
-           "SamplePosterior", "StructuredPosterior"]
+           "SamplePosterior", "SkeletonPosterior", "StructuredPosterior"]
 
 PREDICTIVE_SAMPLES = 100
 PREDICTIVE_SEED = np.array([20240, 7], dtype=np.int32)
@@ -258,6 +258,37 @@ class SamplePosterior(Posterior):
         """Write ``mean``, ``std``, ``samples`` (flat) and ``chains`` to an ``.npz`` file."""
         _atomic_savez(path, mean=self.mean(), std=self.std(), samples=self.samples,
                       chains=self.chains)
+
+
+class SkeletonPosterior(SamplePosterior):
+    """Samples of a piecewise-deterministic sampler (chains kept apart) with its skeleton.
+
+    Parameters
+    ----------
+    samples : array_like
+        ``(chains, draws, d)`` draws taken from the trajectories at a fixed spacing.
+    skeleton : dict of numpy.ndarray
+        ``skeleton_chain``, ``skeleton_time``, ``skeleton_x``, ``skeleton_v``: one row per event.
+    counts : dict of float
+        Work counters (``grad_evals``, ``events``); ESS per gradient evaluation and per event
+        are added to :meth:`diagnostics`.
+    """
+
+    def __init__(self, samples, skeleton: dict, counts: dict):
+        super().__init__(samples)
+        self.skeleton, self.counts = skeleton, counts
+
+    def diagnostics(self) -> dict[str, float]:
+        out = super().diagnostics()
+        for key, value in self.counts.items():
+            if value > 0:
+                out[f"ess_per_{key.rstrip('s')}"] = out["ess_min"] / float(value)
+        return out
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``mean``, ``std``, ``samples``, ``chains`` and the skeleton arrays."""
+        _atomic_savez(path, mean=self.mean(), std=self.std(), samples=self.samples,
+                      chains=self.chains, **self.skeleton)
 
 
 def _atomic_savez(path, **arrays) -> None:

@@ -95,9 +95,14 @@ class Recorder:
             result["reason"] = self.reason
         write_json(os.path.join(self.output_dir, "result.json"), result)
 
-    def stop(self, reason: str) -> None:
-        """End a run that could not go on: the result files say ``stopped`` and why."""
+    def stop(self, reason: str, posterior=None) -> None:
+        """End a run that could not go on: the result files say ``stopped`` and why.
+
+        ``posterior`` (the state when it stopped, possibly past the last recorded row) is
+        written as ``posterior.npz``, so nothing computed is lost (a sampler's draws so far)."""
         self.outcome, self.reason = "stopped", reason
+        if posterior is not None:
+            self.posterior = posterior
         self.finish()
         print(f"run stopped: {reason}", file=sys.stderr, flush=True)
 

@@ -212,7 +212,7 @@ class BundleStrategy(Strategy):
 
     def _retry_or_stop(self, grid: Grid, decoded: dict, timeout: float) -> dict:
         policy = self.bundle.failure_policy
-        if policy == "retry":
+        if policy in ("retry", "retry-stop"):
             for attempt in range(1, self.max_retries + 1):
                 failed = [pid for pid, r in decoded.items() if isinstance(r, Rejection)]
                 if not failed:
@@ -223,7 +223,7 @@ class BundleStrategy(Strategy):
                 got = self._by_partition(self._send_and_receive(grid, messages, timeout))
                 for pid in failed:
                     decoded[pid] = self._decode(pid, self._pending[pid].action, got.get(pid))
-        if policy == "stop":
+        if policy in ("stop", "retry-stop"):
             stop_on_failure(self.bundle.name, self._rnd.number, decoded)
         return decoded
 

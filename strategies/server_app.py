@@ -63,7 +63,7 @@ def make_server_app(overrides: dict | None = None, engine: str = "simulation",
             recorder.interrupt()
             return
         except RunStopped as err:
-            recorder.stop(err.reason)
+            recorder.stop(err.reason, strategy.posterior)
             raise RuntimeError(f"run stopped: {err.reason}") from None  # the run's status: failed
         recorder.finish()
         if recorder.outcome == "failed":  # e.g. no update accepted: flwr run reports failed

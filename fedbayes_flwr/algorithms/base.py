@@ -38,7 +38,7 @@ from ..seeds import derive_seed
 
 CATEGORIES = ("train", "evaluate", "query")
 MODES = ("barrier", "apply-on-arrival")
-FAILURE_POLICIES = ("reject", "retry", "stop")
+FAILURE_POLICIES = ("reject", "retry", "stop", "retry-stop")
 
 
 class Rejection(NamedTuple):
@@ -202,8 +202,9 @@ class Bundle(NamedTuple):
         ``done(server_state, setup) -> bool``, checked at evaluation points (a target ESS).
     failure_policy : str
         ``reject`` (go on without the reply), ``retry`` (re-send with a fresh attempt seed, up to
-        ``max-retries``, then reject) or ``stop`` (end the run with a one-line reason; results
-        are written).
+        ``max-retries``, then reject), ``stop`` (end the run with a one-line reason; results
+        are written) or ``retry-stop`` (retry, then stop: for samplers whose target loses a term
+        when a worker is dropped, e.g. PDMC).
     corrupt : callable or None
         ``corrupt(kind, reply, request) -> reply``: the ``inject-fault`` testing hook for
         bundle-specific faults (``nan`` is generic).

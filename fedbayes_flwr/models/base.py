@@ -128,6 +128,11 @@ class Model:
     def likelihood_factor(self, x, y) -> NaturalGaussian | None:
         return None
 
+    def pdmp_potential(self, x, y):
+        """The rows' negative log-likelihood as a :class:`fedbayes_flwr.pdmp.potentials.Potential`
+        (numpy gradient and rate bounds for PDMC), or None when the model has none."""
+        return None
+
     def local_init(self, q: NaturalGaussian, num_features: int) -> NaturalGaussian:
         """Where a local optimisation starts (the broadcast posterior, for convex models)."""
         return q

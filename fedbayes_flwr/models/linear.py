@@ -67,6 +67,12 @@ class GaussianMean(Model):
         d = tf.cast(tf.shape(x)[1], theta.dtype)
         return -0.5 * tf.reduce_sum(diff**2, axis=2) / s2 - 0.5 * d * np.log(2.0 * np.pi * s2)
 
+    def pdmp_potential(self, x, y=None):
+        """``sum_n |x_n - theta|^2 / (2 noise^2)``: quadratic, exact rates."""
+        from ..pdmp.potentials import gaussian_mean_potential
+
+        return gaussian_mean_potential(x, self.noise_scale**2)
+
     def likelihood_factor(self, x, y=None) -> NaturalGaussian:
         s2 = self.noise_scale**2
         n, d = x.shape
@@ -152,6 +158,12 @@ class LogisticRegression(Model):
     @staticmethod
     def _design(x: np.ndarray) -> np.ndarray:
         return np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
+
+    def pdmp_potential(self, x, y):
+        """The negative log-likelihood with the Zig-Zag logistic bounds (``(1/4) xi xi^T``)."""
+        from ..pdmp.potentials import Logistic
+
+        return Logistic(self._design(np.asarray(x, dtype=np.float64)), y)
 
     def log_likelihood_rows_tf(self, theta, x, y):
         import tensorflow as tf

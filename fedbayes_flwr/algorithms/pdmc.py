@@ -1,0 +1,397 @@
+"""Fed-PDMC: federated Zig-Zag and bouncy particle samplers as one bundle (seed 003).
+
+Notation: ``U = U_0 + sum_m U_m`` with ``U_m`` worker ``m``'s negative log-likelihood
+(:meth:`fedbayes_flwr.models.Model.pdmp_potential`) and ``U_0`` the prior's (the model's
+Gaussian prior, or flat with ``pdmc.flat-prior``), held by the server as worker 0. ``K`` =
+``pdmc.num-chains`` independent chains travel together.
+
+**One exchange = one event per chain** (:mod:`fedbayes_flwr.pdmp.sampler`): the server draws its
+own next event (prior, refreshment) from the round seed and sends every worker the chains'
+positions, velocities and the horizon ``H = min(own time, pdmc.max-horizon)``; each worker
+replies its first event time before ``H`` (``+inf`` for none: a valid reply, the codec and the
+validation accept it in that field only) and the velocity its event would set; the server takes
+the earliest per chain and moves the chains (if nothing happens before ``max-horizon`` they move
+that far unchanged). Every exchange counts as one update (``num-rounds`` caps the exchanges; the
+presets lift the default cap, the stopping rule below ends the run).
+
+**Output.** The trajectory is sampled every ``pdmc.discretisation`` units of process time; the
+first ``pdmc.burn-in`` fraction of each chain's time is discarded at evaluation. The posterior is
+a :class:`fedbayes_flwr.posterior.SamplePosterior` with the chains kept apart (ESS and R-hat
+across chains, ``tfp.mcmc``); the skeleton (event times, positions, velocities, up to
+:data:`SKELETON_CAP` rows) is kept in the state and saved with the samples.
+
+**Stopping.** With ``pdmc.process-time`` ``T > 0`` the run ends when every chain has reached
+``T`` (samples beyond ``T`` dropped). Otherwise it ends at the first evaluation point where the
+pooled minimum ESS over coordinates reaches ``pdmc.target-ess``, or after ``pdmc.max-seconds`` of
+wall time (outcome ``completed`` either way; the diagnostics say which).
+
+**Failures.** A worker's reply that is missing, NaN, negative, or of the wrong shape is retried
+with fresh randomness (``max-retries``); then the run stops with a clear error (policy
+``retry-stop``) and the samples and skeleton so far are written. A worker is never dropped: that
+would remove ``U_m`` from the target.
+
+References
+----------
+The seed paper, "Federated Bayesian Computation via Piecewise Deterministic Markov Processes",
+Algorithm 2 and Sections 2.4 (discretisation) and 3; Bierkens, Fearnhead & Roberts (2019), "The
+Zig-Zag process and super-efficient sampling for Bayesian analysis of big data";
+Bouchard-Cote, Vollmer & Doucet (2018), "The Bouncy Particle Sampler".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import gaussian as G
+from ..errors import ConfigError
+from ..pdmp import sampler as S
+from ..pdmp.potentials import Quadratic
+from ..seeds import derive_seed, numpy_rng
+from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
+
+TRAIN = "train"
+SKELETON_CAP = 200_000
+DEFAULT_EVAL_EVERY = 200
+NO_CAP = 10**9
+
+
+@dataclass(frozen=True)
+class PDMCConfig:
+    """Fed-PDMC settings: the run-config section ``[tool.flwr.app.config.pdmc]``.
+
+    Attributes
+    ----------
+    sampler : str
+        ``zigzag`` or ``bps``.
+    num_chains : int
+        ``K`` independent chains advanced by every exchange.
+    target_ess : float
+        Stop when the pooled minimum ESS over coordinates reaches it (``process-time`` 0).
+    max_seconds : float
+        Wall-clock cap of an ESS-targeted run (0 = none).
+    process_time : float
+        ``T > 0``: run every chain to process time ``T`` instead.
+    discretisation : float
+        Spacing ``delta`` of the samples taken from the trajectory.
+    burn_in : float
+        Fraction of each chain's process time discarded, in ``[0, 1)``.
+    refresh_rate : float
+        BPS refreshment rate (total, held by the server); ignored by Zig-Zag.
+    max_horizon : float
+        The longest stretch of process time one exchange searches for events.
+    flat_prior : bool
+        Use the flat (Lebesgue) prior ``U_0 = 0`` instead of the model's Gaussian prior.
+    """
+
+    sampler: str = "zigzag"
+    num_chains: int = 16
+    target_ess: float = 400.0
+    max_seconds: float = 110.0
+    process_time: float = 0.0
+    discretisation: float = 0.02
+    burn_in: float = 0.1
+    refresh_rate: float = 1.0
+    max_horizon: float = 1.0
+    flat_prior: bool = False
+
+    def validate(self, run) -> None:
+        """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
+        from ..models import Model, make_model, model_class
+
+        def need(ok: bool, key: str, msg: str):
+            if not ok:
+                raise ConfigError(f"pdmc.{key}: {msg}")
+
+        need(self.sampler in S.SAMPLERS, "sampler",
+             f"unknown sampler {self.sampler!r}; choose one of {', '.join(S.SAMPLERS)}")
+        need(self.num_chains >= 1, "num-chains", f"must be >= 1, got {self.num_chains}")
+        need(self.target_ess > 0, "target-ess", f"must be > 0, got {self.target_ess}")
+        need(self.max_seconds >= 0, "max-seconds", f"must be >= 0, got {self.max_seconds}")
+        need(self.process_time >= 0, "process-time", f"must be >= 0, got {self.process_time}")
+        need(self.discretisation > 0, "discretisation",
+             f"must be > 0, got {self.discretisation}")
+        need(0 <= self.burn_in < 1, "burn-in", f"must be in [0, 1), got {self.burn_in}")
+        need(self.refresh_rate >= 0, "refresh-rate", f"must be >= 0, got {self.refresh_rate}")
+        need(self.max_horizon > 0, "max-horizon", f"must be > 0, got {self.max_horizon}")
+        if getattr(model_class(run.model), "structured", False):
+            return  # the generic check names the right family
+        model = make_model(run.model, run.noise_scale)
+        if type(model).pdmp_potential is Model.pdmp_potential:
+            raise ConfigError(f"model: PDMC needs rate bounds for the model's likelihood; "
+                              f"{run.model!r} has none (gaussian-mean, logistic-regression do)")
+
+
+class ServerState(NamedTuple):
+    """Chains, counters, samples and skeleton (module docstring)."""
+
+    x: np.ndarray
+    v: np.ndarray
+    t: np.ndarray
+    events: np.ndarray
+    winners: np.ndarray
+    grad_evals: int
+    exchanges: int
+    next_sample: np.ndarray
+    sample_chain: np.ndarray
+    sample_time: np.ndarray
+    samples: np.ndarray
+    skeleton_chain: np.ndarray
+    skeleton_time: np.ndarray
+    skeleton_x: np.ndarray
+    skeleton_v: np.ndarray
+    started: float
+
+
+class ClientState(NamedTuple):
+    """Workers keep nothing between events."""
+
+    empty: np.ndarray
+
+
+class Down(NamedTuple):
+    x: np.ndarray
+    v: np.ndarray
+    horizon: np.ndarray
+    number: int
+
+
+class Up(NamedTuple):
+    """Event times (``+inf``: none before the horizon), new velocities, gradient evaluations."""
+
+    tau: np.ndarray
+    velocity: np.ndarray
+    grad_evals: int
+    number: int
+
+
+# ---------------------------------------------------------------------------- the pieces
+def prior_potential(setup) -> Quadratic:
+    """``U_0``: the model's Gaussian prior (precision and mean), or flat."""
+    d = setup.prior.dim
+    if setup.config.flat_prior:
+        return Quadratic(np.zeros((d, d)), np.zeros(d))
+    prec = G.precision(setup.prior)
+    prec = np.diag(prec) if setup.prior.is_diag else prec
+    mean = G.to_moments(setup.prior)[0]
+    return Quadratic(prec, mean)
+
+
+_POTENTIALS: dict = {}
+
+
+def worker_potential(model, data):
+    """``U_m`` of a worker's rows, cached by the rows' content (built once per worker, not once
+    per event)."""
+    import hashlib
+
+    digest = hashlib.blake2b(np.ascontiguousarray(data.x).tobytes(), digest_size=16)
+    if data.y is not None:
+        digest.update(np.ascontiguousarray(data.y).tobytes())
+    key = (id(model), data.x.shape, digest.hexdigest())
+    if key not in _POTENTIALS:
+        if len(_POTENTIALS) > 256:
+            _POTENTIALS.clear()
+        _POTENTIALS[key] = model.pdmp_potential(data.x, data.y)
+    return _POTENTIALS[key]
+
+
+def _own_proposal(state: ServerState, setup, rnd) -> S.Proposal:
+    c = setup.config
+    rng = numpy_rng(derive_seed(setup.run_seed, "pdmc.server", rnd.number, -1, rnd.step))
+    return S.server_proposal(prior_potential(setup), c.sampler, state.x, state.v,
+                             c.refresh_rate if c.sampler == "bps" else 0.0, c.max_horizon, rng)
+
+
+def _empty(d: int):
+    return (np.zeros(0, np.int64), np.zeros(0), np.zeros((0, d)))
+
+
+# ---------------------------------------------------------------------------- bundle functions
+def _init_server(setup) -> ServerState:
+    c = setup.config
+    d, k = setup.prior.dim, c.num_chains
+    rng = numpy_rng(derive_seed(setup.run_seed, "pdmc.init", 0, -1))
+    mean, cov = G.to_moments(setup.prior)
+    cov = np.diag(cov) if setup.prior.is_diag else cov
+    x = rng.multivariate_normal(mean, cov, size=k)  # over-dispersed for a concentrated posterior
+    v = S.initial_velocity(c.sampler, rng, k, d)
+    chain, times, points = _empty(d)
+    return ServerState(x, v, np.zeros(k), np.zeros(k, np.int64),
+                       np.zeros(setup.num_clients + 1, np.int64), 0, 0, np.zeros(k), chain, times,
+                       points, chain.copy(), times.copy(), points.copy(), points.copy(),
+                       time.time())
+
+
+def _init_client(setup, partition_id: int) -> ClientState:
+    return ClientState(np.zeros(0))
+
+
+def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
+    own = _own_proposal(state, setup, rnd)
+    horizon = np.minimum(own.tau, setup.config.max_horizon)
+    down = Down(state.x, state.v, horizon, rnd.number)
+    return {pid: Request(TRAIN, down) for pid in range(setup.num_clients)}
+
+
+def _client_step(seed, state: ClientState, request: Request, data, setup):
+    msg = request.message
+    proposal = S.propose(worker_potential(setup.model, data), setup.config.sampler, msg.x, msg.v,
+                         msg.horizon, numpy_rng(seed))
+    return state, Up(proposal.tau, proposal.velocity, int(proposal.grad_evals), msg.number), {}
+
+
+def _server_step(state: ServerState, replies, setup, rnd):
+    rejected = tuple(r for _, r in replies if isinstance(r, Rejection))
+    if rejected:  # retry-stop: never reached with a missing worker (the engines stop first)
+        raise RuntimeError(f"pdmc: {len(rejected)} worker replies missing; a worker cannot be "
+                           f"dropped")
+    c = setup.config
+    own = _own_proposal(state, setup, rnd)
+    good = sorted(replies, key=lambda item: item[0])
+    workers = [S.Proposal(r.tau, r.velocity, r.grad_evals) for _, r in good]
+    tau, velocity, winner = S.combine(own, workers, c.max_horizon)
+    if c.process_time > 0:  # never move past T
+        tau = np.minimum(tau, np.maximum(c.process_time - state.t, 0.0))
+    rows, times, points, next_sample = S.discretise(state.x, state.v, state.t, tau,
+                                                    state.next_sample, c.discretisation)
+    x = state.x + state.v * tau[:, None]
+    moved = tau > 0
+    event = (winner >= 0) & moved
+    v = np.where(event[:, None], velocity, state.v)
+    t = state.t + tau
+    winners = state.winners + np.bincount(winner[event], minlength=state.winners.size)
+    skel = [state.skeleton_chain, state.skeleton_time, state.skeleton_x, state.skeleton_v]
+    if state.skeleton_chain.size < SKELETON_CAP and np.any(event):
+        hit = np.flatnonzero(event)
+        skel = [np.concatenate([skel[0], hit]), np.concatenate([skel[1], t[hit]]),
+                np.concatenate([skel[2], x[hit]]), np.concatenate([skel[3], v[hit]])]
+    grad_evals = state.grad_evals + sum(int(r.grad_evals) for _, r in good) + own.grad_evals
+    new = ServerState(x, v, t, state.events + event, winners, grad_evals, state.exchanges + 1,
+                      next_sample, np.concatenate([state.sample_chain, rows]),
+                      np.concatenate([state.sample_time, times]),
+                      np.concatenate([state.samples, points]), *skel, state.started)
+    info = StepInfo(updates=1, accepted=tuple(pid for pid, _ in good))
+    if rnd.evaluate:
+        info = info._replace(metrics=_metrics(new, setup), diagnostics=_diagnostics(new, setup))
+    return new, info
+
+
+def kept_chains(state: ServerState, setup) -> np.ndarray:
+    """``(K, S, d)`` samples after burn-in (and up to ``process-time``), equal lengths."""
+    c = setup.config
+    k, d = state.x.shape
+    start = c.burn_in * state.t  # per chain: the first fraction of its own time
+    keep = state.sample_time >= start[state.sample_chain]
+    if c.process_time > 0:
+        keep &= state.sample_time <= c.process_time
+    per = [state.samples[keep & (state.sample_chain == j)] for j in range(k)]
+    n = min(len(p) for p in per)
+    if n == 0:
+        return np.repeat(state.x[:, None, :], 1, axis=1)
+    return np.stack([p[:n] for p in per])
+
+
+def _metrics(state: ServerState, setup) -> dict:
+    time_total = float(state.t.sum())
+    return {"process_time": float(state.t.mean()), "events": int(state.events.sum()),
+            "switching_rate": float(state.events.sum() / time_total) if time_total else 0.0,
+            "grad_evals": int(state.grad_evals),
+            "wall_s": round(time.time() - state.started, 3)}
+
+
+def _diagnostics(state: ServerState, setup) -> dict:
+    out = {"exchanges": int(state.exchanges),
+           "events_by_worker": [int(w) for w in state.winners],
+           "samples_per_chain": int(kept_chains(state, setup).shape[1])}
+    return out
+
+
+def _posterior(state: ServerState, setup):
+    from ..posterior import SkeletonPosterior
+
+    return SkeletonPosterior(kept_chains(state, setup), skeleton={
+        "skeleton_chain": state.skeleton_chain, "skeleton_time": state.skeleton_time,
+        "skeleton_x": state.skeleton_x, "skeleton_v": state.skeleton_v},
+        counts={"grad_evals": float(state.grad_evals), "events": float(state.events.sum())})
+
+
+def _done(state: ServerState, setup) -> bool:
+    c = setup.config
+    if c.process_time > 0:
+        return bool(np.all(state.t >= c.process_time))
+    if c.max_seconds and time.time() - state.started > c.max_seconds:
+        return True
+    chains = kept_chains(state, setup)
+    if chains.shape[1] < 20:
+        return False
+    from ..posterior import SamplePosterior
+
+    return bool(np.min(SamplePosterior(chains).ess()) >= c.target_ess)
+
+
+def _actions(setup) -> dict[str, ActionSpec]:
+    k, d = setup.config.num_chains, setup.prior.dim
+    z = np.zeros((k, d))
+    return {TRAIN: ActionSpec("train", Down(z, z, np.zeros(k), 0), Up(np.zeros(k), z, 0, 0),
+                              allow_inf=frozenset({"tau"}))}
+
+
+def _client_state_template(setup) -> ClientState:
+    return ClientState(np.zeros(0))
+
+
+def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
+    """Event times ``> 0`` (``+inf`` allowed), velocities of the sampler's kind, this exchange."""
+    if reply.number != state.exchanges + 1:
+        return "number", f"answers exchange {reply.number}, expected {state.exchanges + 1}"
+    if np.any(reply.tau <= 0):
+        return "tau", f"event times must be > 0, smallest {float(reply.tau.min()):.4g}"
+    if reply.grad_evals < 0:
+        return "grad_evals", f"must be >= 0, got {reply.grad_evals}"
+    if setup.config.sampler == "zigzag" and not np.all(np.abs(reply.velocity) == 1.0):
+        return "velocity", "Zig-Zag velocities must be +-1"
+    return None
+
+
+def _corrupt(kind: str, reply, request: Request):
+    """``negative-precision`` has no meaning here; ``nan`` is generic."""
+    raise ValueError(f"PDMC cannot make a {kind!r} fault")
+
+
+def _prior_diag(config: PDMCConfig, model) -> bool:
+    return True
+
+
+BUNDLE = Bundle(
+    name="pdmc", config_class=PDMCConfig, init_server=_init_server, init_client=_init_client,
+    requests=_requests, client_step=_client_step, server_step=_server_step,
+    posterior=_posterior, actions=_actions, client_state_template=_client_state_template,
+    check=_check, done=_done, failure_policy="retry-stop", corrupt=_corrupt,
+    prior_diag=_prior_diag)
+
+
+def _preset(sampler: str):
+    def preset(c):
+        changes = {}
+        if c.num_rounds == 10:  # the common default: no cap, the stopping rule ends the run
+            changes["num_rounds"] = NO_CAP
+        if c.eval_every == 1:  # recording every event would dominate the run
+            changes["eval_every"] = DEFAULT_EVAL_EVERY
+        return c.replace(**changes).with_section(sampler=sampler)
+    return preset
+
+
+PRESETS = {
+    "pdmc": (_preset("zigzag"), "federated Zig-Zag sampler: every worker proposes its next "
+                                "switching time, the server takes the earliest"),
+    "pdmc-bps": (_preset("bps"), "federated bouncy particle sampler (refreshment at the server)"),
+}
+
+
+def registrations():
+    """``(name, bundle, preset, description)`` for Fed-PDMC."""
+    return [(name, BUNDLE, preset, description) for name, (preset, description) in PRESETS.items()]
