@@ -173,6 +173,7 @@ def parse_run_config(values: dict | None = None, base: RunConfig | None = None) 
         fixed = entry.preset(config)
         _notice_overridden(algorithm, values, config, fixed)
         config = fixed
+        validate(config)  # what the preset fixed must hold too (pdmc-bps with dp-epsilon)
     return config
 
 

@@ -11,10 +11,10 @@ from .nodes import partition_map
 from .server_app import app, make_server_app
 
 _NAMED = {"PVIStrategy": ".pvi", "AsyncPVIStrategy": ".pvi", "DSVGDStrategy": ".dsvgd",
-          "AMPSStrategy": ".amps"}
+          "AMPSStrategy": ".amps", "PDMCStrategy": ".pdmc"}
 
-__all__ = ["AMPSStrategy", "AsyncPVIStrategy", "BundleStrategy", "DSVGDStrategy", "PVIStrategy",
-           "app", "make_server_app", "partition_map"]
+__all__ = ["AMPSStrategy", "AsyncPVIStrategy", "BundleStrategy", "DSVGDStrategy", "PDMCStrategy",
+           "PVIStrategy", "app", "make_server_app", "partition_map"]
 
 
 def __getattr__(name: str):

@@ -86,7 +86,8 @@ def test_constants():
                         "amps-mixture", "amps-gaussian", "lda-corpus", "latent-features")
     assert PARTITIONS == ("iid", "dirichlet", "pathological", "natural")
     assert TARGETS == ("none", "real", "binary", "multiclass")
-    assert SYNTHETIC == ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d")
+    assert SYNTHETIC == ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d",
+                         "ar1-student-t")
     assert HUB_PREFIX == "hub:"
     assert issubclass(DataError, ValueError)
     assert issubclass(DataWarning, UserWarning)

@@ -192,3 +192,33 @@ def test_models_without_rate_bounds_are_refused():
         parse_run_config({"algorithm": "pdmc", "model": "bnn-classifier"})
     with pytest.raises(ConfigError, match="pdmc.sampler"):
         parse_run_config({**GM, "pdmc.sampler": "hmc"})
+
+
+def test_differential_privacy_refusals_and_report(tmp_path):
+    """``pdmc.dp-epsilon``: refused for BPS, for a model with unbounded sensitivity and for a
+    target out of reach; on logistic regression every worker adds rho and the run reports rho,
+    the per-release guarantee and its composition over every released proposal."""
+    from fedbayes_flwr.errors import ConfigError
+    from fedbayes_flwr.pdmp import privacy
+
+    lr = {"algorithm": "pdmc", "model": "logistic-regression", "dataset": "synthetic",
+          "synthetic-dim": 3, "synthetic-size": 100, "num-clients": 2, "partition": "iid",
+          "pdmc.num-chains": 2, "pdmc.process-time": 0.5, "pdmc.dp-epsilon": 1.0,
+          "pdmc.dp-delta": 1e-6}
+    with pytest.raises(ConfigError, match="Zig-Zag sampler only"):
+        parse_run_config({**lr, "algorithm": "pdmc-bps"})
+    with pytest.raises(ConfigError, match="no finite rate sensitivity"):
+        parse_run_config({**GM, "pdmc.dp-epsilon": 1.0, "pdmc.dp-delta": 1e-6})
+    with pytest.raises(ConfigError, match="out of reach"):
+        parse_run_config({**lr, "pdmc.dp-delta": 0.0})
+    result = run_in_process(parse_run_config({**lr, "output-dir": str(tmp_path)}),
+                            progress=False)
+    row = result["history"][-1]
+    sens = np.concatenate([np.full(3, 1.0), [1.0]])  # clip 1 per feature, 1 for the intercept
+    rho = privacy.refresh_for_epsilon(1.0, sens, dim=None, horizon=1.0, delta=1e-6)
+    assert row["dp_rho"] == pytest.approx(rho, rel=1e-12)
+    assert row["dp_epsilon_per_release"] == pytest.approx(1.0, rel=1e-9)
+    releases = row["round"] * 2  # every exchange releases one proposal per chain per worker
+    assert row["dp_releases_per_worker"] == releases
+    assert row["dp_epsilon_total"] == pytest.approx(releases * 1.0, rel=1e-9)
+    assert row["grad_evals"] == row["grad_evals"] and row["switching_rate"] > 4 * rho

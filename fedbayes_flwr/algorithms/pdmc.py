@@ -85,6 +85,15 @@ class PDMCConfig:
         The longest stretch of process time one exchange searches for events.
     flat_prior : bool
         Use the flat (Lebesgue) prior ``U_0 = 0`` instead of the model's Gaussian prior.
+    dp_epsilon : float
+        Zig-Zag only: each worker adds ``rho`` to every coordinate rate so that each released
+        proposal is ``dp-epsilon``-DP (0 = off; :mod:`fedbayes_flwr.pdmp.privacy`, a bound
+        derived here, not quoted from the paper).
+    dp_delta : float
+        0: pure DP over the window ``max-horizon``; > 0: ``(epsilon, delta)``-DP.
+    dp_feature_clip : float
+        The public bound on ``|features|`` (rows are clipped to it when DP is on); it bounds the
+        sensitivity of logistic regression's rates.
     """
 
     sampler: str = "zigzag"
@@ -97,6 +106,9 @@ class PDMCConfig:
     refresh_rate: float = 1.0
     max_horizon: float = 1.0
     flat_prior: bool = False
+    dp_epsilon: float = 0.0
+    dp_delta: float = 0.0
+    dp_feature_clip: float = 1.0
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
@@ -117,12 +129,29 @@ class PDMCConfig:
         need(0 <= self.burn_in < 1, "burn-in", f"must be in [0, 1), got {self.burn_in}")
         need(self.refresh_rate >= 0, "refresh-rate", f"must be >= 0, got {self.refresh_rate}")
         need(self.max_horizon > 0, "max-horizon", f"must be > 0, got {self.max_horizon}")
+        need(self.dp_epsilon >= 0, "dp-epsilon", f"must be >= 0 (0 = off), got {self.dp_epsilon}")
+        need(0 <= self.dp_delta < 1, "dp-delta", f"must be in [0, 1), got {self.dp_delta}")
+        need(self.dp_feature_clip > 0, "dp-feature-clip",
+             f"must be > 0, got {self.dp_feature_clip}")
         if getattr(model_class(run.model), "structured", False):
             return  # the generic check names the right family
         model = make_model(run.model, run.noise_scale)
         if type(model).pdmp_potential is Model.pdmp_potential:
             raise ConfigError(f"model: PDMC needs rate bounds for the model's likelihood; "
-                              f"{run.model!r} has none (gaussian-mean, logistic-regression do)")
+                              f"{run.model!r} has none (gaussian-mean, logistic-regression, "
+                              f"ar1-student-t do)")
+        if self.dp_epsilon > 0:
+            from ..pdmp import privacy
+
+            try:
+                privacy.check_sampler(self.sampler)
+                if run.data:  # the dimension comes from the user's file: checked at build time
+                    return
+                from ..experiment import build_experiment
+
+                dp_rho(self, model, build_experiment(run.replace(section=self)).prior.dim)
+            except (ValueError, NotImplementedError) as err:
+                raise ConfigError(f"pdmc.dp-epsilon: {err}") from None
 
 
 class ServerState(NamedTuple):
@@ -180,6 +209,34 @@ def prior_potential(setup) -> Quadratic:
     return Quadratic(prec, mean)
 
 
+def dp_rho(config: PDMCConfig, model, param_dim: int) -> float:
+    """The per-coordinate rate ``rho`` every worker adds for ``dp-epsilon`` (0 when off).
+
+    Raises ``ValueError`` (e.g. :class:`fedbayes_flwr.pdmp.privacy.UnboundedSensitivityError`)
+    when the model's sensitivity is unbounded or the target cannot be reached."""
+    if config.dp_epsilon <= 0:
+        return 0.0
+    from ..pdmp import privacy
+
+    sensitivity = model.pdmp_sensitivity(config.dp_feature_clip, param_dim)
+    return float(privacy.refresh_for_epsilon(config.dp_epsilon, sensitivity, dim=None,
+                                             horizon=config.max_horizon, delta=config.dp_delta))
+
+
+def dp_report(config: PDMCConfig, model, param_dim: int, releases: int) -> dict:
+    """``dp_rho``, the per-release guarantee and its basic composition over ``releases``."""
+    from ..pdmp import privacy
+
+    rho = dp_rho(config, model, param_dim)
+    sensitivity = model.pdmp_sensitivity(config.dp_feature_clip, param_dim)
+    one = privacy.privacy_of(rho, sensitivity, dim=None, horizon=config.max_horizon,
+                             delta=config.dp_delta)
+    total = privacy.compose(one.epsilon, releases, per_event_delta=one.delta)
+    return {"dp_rho": rho, "dp_epsilon_per_release": one.epsilon,
+            "dp_delta_per_release": one.delta, "dp_releases_per_worker": releases,
+            "dp_epsilon_total": total.epsilon, "dp_delta_total": total.delta}
+
+
 _POTENTIALS: dict = {}
 
 
@@ -197,6 +254,15 @@ def worker_potential(model, data):
             _POTENTIALS.clear()
         _POTENTIALS[key] = model.pdmp_potential(data.x, data.y)
     return _POTENTIALS[key]
+
+
+def _dp_data(data, config: PDMCConfig):
+    """With DP on, the rows clipped to the public feature bound (the sensitivity assumes it)."""
+    if config.dp_epsilon <= 0:
+        return data
+    from ..pdmp.privacy import clip_features
+
+    return data._replace(x=clip_features(data.x, config.dp_feature_clip))
 
 
 def _own_proposal(state: ServerState, setup, rnd) -> S.Proposal:
@@ -238,10 +304,13 @@ def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
 
 
 def _client_step(seed, state: ClientState, request: Request, data, setup):
-    msg = request.message
-    proposal = S.propose(worker_potential(setup.model, data), setup.config.sampler, msg.x, msg.v,
-                         msg.horizon, numpy_rng(seed))
-    return state, Up(proposal.tau, proposal.velocity, int(proposal.grad_evals), msg.number), {}
+    msg, config = request.message, setup.config
+    rho = dp_rho(config, setup.model, setup.prior.dim)
+    proposal = S.propose(worker_potential(setup.model, _dp_data(data, config)), config.sampler,
+                         msg.x, msg.v, msg.horizon, numpy_rng(seed), rate_shift=rho)
+    # with DP on, the number of rejected candidates (data-dependent) is not released
+    evals = 0 if rho > 0 else int(proposal.grad_evals)
+    return state, Up(proposal.tau, proposal.velocity, evals, msg.number), {}
 
 
 def _server_step(state: ServerState, replies, setup, rnd):
@@ -297,10 +366,14 @@ def kept_chains(state: ServerState, setup) -> np.ndarray:
 
 def _metrics(state: ServerState, setup) -> dict:
     time_total = float(state.t.sum())
-    return {"process_time": float(state.t.mean()), "events": int(state.events.sum()),
-            "switching_rate": float(state.events.sum() / time_total) if time_total else 0.0,
-            "grad_evals": int(state.grad_evals),
-            "wall_s": round(time.time() - state.started, 3)}
+    out = {"process_time": float(state.t.mean()), "events": int(state.events.sum()),
+           "switching_rate": float(state.events.sum() / time_total) if time_total else 0.0,
+           "grad_evals": int(state.grad_evals),
+           "wall_s": round(time.time() - state.started, 3)}
+    if setup.config.dp_epsilon > 0:  # every reply of every chain is a release, "none" included
+        out.update(dp_report(setup.config, setup.model, setup.prior.dim,
+                             state.exchanges * setup.config.num_chains))
+    return out
 
 
 def _diagnostics(state: ServerState, setup) -> dict:

@@ -14,7 +14,7 @@ from .base import DataError, Dataset, f64, fits, i64, needs, num_test_rows
 
 __all__ = ["DEFAULT_SYNTHETIC", "GENERATORS", "SYNTHETIC", "SYNTHETIC_TARGET", "make_synthetic"]
 
-SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d")
+SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d", "ar1-student-t")
 """Names of the synthetic generators.
 
 * ``"gaussian-mean"``: ``x ~ N(mu, noise^2 I)`` with ``mu ~ N(0, I)``; no targets.
@@ -27,6 +27,13 @@ SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-
   ``(w_1, m_1, v_1, ..., w_J, m_J, v_J)`` with ``J = dim`` components per row (so ``3 dim``
   columns): weights ``w ~ U(0.5, 1.5)``, means ``m ~ U(-4, 4)``, variances ``v ~ U(0.5, 4)``;
   no targets. The likelihood of a scalar parameter ``t`` is ``sum_j w_j N(t | m_j, v_j)``.
+* ``"ar1-student-t"``: rows are AR(1) trajectories ``(y_0, ..., y_K)`` with ``K = dim`` steps
+  (so ``dim + 1`` columns): ``y_i = c + x y_{i-1} + eps_i``, ``eps_i`` i.i.d. standard
+  Student-t with :data:`AR1_NU` ``= 3`` degrees of freedom, true values :data:`AR1_C` ``= 0.5``,
+  :data:`AR1_X` ``= 0.7`` (choices: the seed paper's values are not in its text). ``y_0`` is
+  drawn (approximately) from the stationary distribution: the recursion run for
+  :data:`AR1_WARMUP` steps from the stationary mean ``c / (1 - x)``. The noise scale is ignored;
+  no targets.
 """
 
 SYNTHETIC_TARGET = {
@@ -36,6 +43,7 @@ SYNTHETIC_TARGET = {
     "softmax": "multiclass",
     "sine": "real",
     "mixture-1d": "none",
+    "ar1-student-t": "none",
 }
 """Generator name -> the target kind (see :data:`fedbayes_flwr.data.TARGETS`) it makes."""
 
@@ -43,6 +51,10 @@ DEFAULT_SYNTHETIC = {"none": "gaussian-mean", "real": "linear", "binary": "logis
 """Target kind -> generator used when none is named."""
 
 _SYNTHETIC_CLASSES = 3
+AR1_C, AR1_X, AR1_NU = 0.5, 0.7, 3.0
+"""True intercept, autoregressive coefficient and noise degrees of freedom of ``ar1-student-t``."""
+AR1_WARMUP = 50
+"""Steps run from the stationary mean before ``y_0`` (``0.7^50 ~ 2e-8``: the start is forgotten)."""
 
 _Generator = Callable[[np.random.Generator, int, int, float], tuple[np.ndarray, np.ndarray | None]]
 
@@ -90,6 +102,15 @@ def _mixture_1d(rng: np.random.Generator, size: int, dim: int, noise_scale: floa
     return np.stack([w, m, v], axis=2).reshape(size, 3 * dim), None
 
 
+def _ar1_student_t(rng: np.random.Generator, size: int, dim: int, noise_scale: float):
+    eps = rng.standard_t(AR1_NU, size=(size, AR1_WARMUP + dim))
+    y = np.empty((size, AR1_WARMUP + dim + 1))
+    y[:, 0] = AR1_C / (1.0 - AR1_X)
+    for i in range(1, y.shape[1]):
+        y[:, i] = AR1_C + AR1_X * y[:, i - 1] + eps[:, i - 1]
+    return y[:, AR1_WARMUP:], None
+
+
 GENERATORS: dict[str, _Generator] = {
     "gaussian-mean": _gaussian_mean,
     "linear": _linear,
@@ -97,6 +118,7 @@ GENERATORS: dict[str, _Generator] = {
     "softmax": _softmax,
     "sine": _sine,
     "mixture-1d": _mixture_1d,
+    "ar1-student-t": _ar1_student_t,
 }
 """Generator name -> ``f(rng, size, dim, noise_scale) -> (x, y or None)``."""
 
@@ -154,7 +176,7 @@ def make_synthetic(
         Total number of rows (train plus test), at least 2.
     dim : int
         Input dimension, at least 1 (for ``"mixture-1d"``: components per row, ``3 dim``
-        columns).
+        columns; for ``"ar1-student-t"``: steps per trajectory, ``dim + 1`` columns).
     noise_scale : float
         Observation noise standard deviation (``gaussian-mean``, ``linear``, ``sine``).
 

@@ -5,6 +5,7 @@
 * :mod:`.linear`: ``gaussian-mean``, ``linear-regression``, ``logistic-regression``,
   ``logistic-hyperprior``;
 * :mod:`.mixture`: ``mixture-1d``, the 1-D Gaussian-mixture toy of DSVGD;
+* :mod:`.ar1`: ``ar1-student-t``, the AR(1) model with Student-t noise of Fed-PDMC;
 * :mod:`.structured`: ``gmm``, ``lda``, ``latent-feature`` (mean-field exponential-family
   models for the AMPS family, :data:`STRUCTURED_MODELS`);
 * :mod:`.bnn`: ``bnn-classifier``, ``bnn-regression`` and :func:`parse_hidden`;
@@ -12,6 +13,7 @@
   :func:`exact_posterior`.
 """
 
+from .ar1 import AR1StudentT
 from .base import (
     FREE_ENERGY_SAMPLES,
     FREE_ENERGY_SEED,
@@ -36,6 +38,7 @@ __all__ = [
     "STRUCTURED_MODELS",
     "SYNTHETIC",
     "TARGETS",
+    "AR1StudentT",
     "BNNClassifier",
     "BNNRegression",
     "GaussianMean",

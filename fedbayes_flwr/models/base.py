@@ -24,7 +24,7 @@ Class attributes
     Kind of target: ``"none"`` (no ``y``), ``"real"``, ``"binary"`` or ``"multiclass"``.
 ``synthetic``
     Synthetic data generator matching the model: ``"gaussian-mean"``, ``"linear"``,
-    ``"logistic"``, ``"softmax"``, ``"sine"`` or ``"mixture-1d"``.
+    ``"logistic"``, ``"softmax"``, ``"sine"``, ``"mixture-1d"`` or ``"ar1-student-t"``.
 ``deterministic_expectations``
     ``True`` when the model has an exact or quadrature ``expected_log_likelihood_tf(m1, m2, x, y)``
     in q's mean parameters (conjugate models, logistic regression), ``False`` otherwise.
@@ -59,7 +59,8 @@ if TYPE_CHECKING:
     from ..posterior import Posterior
 
 TARGETS = ("none", "real", "binary", "multiclass")
-SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d")
+SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d",
+             "ar1-student-t")
 FREE_ENERGY_SAMPLES = 64
 FREE_ENERGY_SEED = np.array([1618, 33], dtype=np.int32)
 
@@ -132,6 +133,14 @@ class Model:
         """The rows' negative log-likelihood as a :class:`fedbayes_flwr.pdmp.potentials.Potential`
         (numpy gradient and rate bounds for PDMC), or None when the model has none."""
         return None
+
+    def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
+        """Per-coordinate bound ``K_i`` on how much one record (add/remove) changes a Zig-Zag
+        rate, for PDMC's differential privacy; models without one raise
+        :class:`fedbayes_flwr.pdmp.privacy.UnboundedSensitivityError`."""
+        from ..pdmp.privacy import UnboundedSensitivityError
+
+        raise UnboundedSensitivityError(f"model {self.name!r} has no bounded rate sensitivity")
 
     def local_init(self, q: NaturalGaussian, num_features: int) -> NaturalGaussian:
         """Where a local optimisation starts (the broadcast posterior, for convex models)."""

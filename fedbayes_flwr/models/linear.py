@@ -73,6 +73,12 @@ class GaussianMean(Model):
 
         return gaussian_mean_potential(x, self.noise_scale**2)
 
+    def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
+        """Unbounded: one record changes the rate by ``|x_i - y_ni| / noise^2``."""
+        from ..pdmp.privacy import gaussian_mean_sensitivity
+
+        return gaussian_mean_sensitivity()
+
     def likelihood_factor(self, x, y=None) -> NaturalGaussian:
         s2 = self.noise_scale**2
         n, d = x.shape
@@ -164,6 +170,12 @@ class LogisticRegression(Model):
         from ..pdmp.potentials import Logistic
 
         return Logistic(self._design(np.asarray(x, dtype=np.float64)), y)
+
+    def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
+        """``K_i = clip`` per weight and 1 for the intercept (add/remove one record)."""
+        from ..pdmp.privacy import logistic_sensitivity
+
+        return logistic_sensitivity(np.full(param_dim - 1, feature_clip), intercept=True)
 
     def log_likelihood_rows_tf(self, theta, x, y):
         import tensorflow as tf

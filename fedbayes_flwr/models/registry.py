@@ -11,6 +11,7 @@ import functools
 
 from .. import gaussian as G
 from ..gaussian import NaturalGaussian
+from .ar1 import AR1StudentT
 from .base import Model
 from .bnn import BNNClassifier, BNNRegression
 from .linear import GaussianMean, LinearRegression, LogisticHyperprior, LogisticRegression
@@ -20,7 +21,7 @@ from .structured import STRUCTURED_CLASSES
 _CLASSES: dict[str, type[Model]] = {
     cls.name: cls
     for cls in (GaussianMean, LinearRegression, LogisticRegression, BNNClassifier, BNNRegression,
-                LogisticHyperprior, MixtureLikelihood1D)
+                LogisticHyperprior, MixtureLikelihood1D, AR1StudentT)
 }
 MODELS: tuple[str, ...] = tuple(_CLASSES)
 """The models over one parameter vector (every family runs them)."""
