@@ -30,7 +30,7 @@ from . import gaussian as G
 from .gaussian import NaturalGaussian
 
 __all__ = ["PREDICTIVE_SAMPLES", "PREDICTIVE_SEED", "GaussianPosterior", "Posterior",
-           "SamplePosterior", "SkeletonPosterior", "StructuredPosterior"]
+           "SamplePosterior", "TracePosterior", "StructuredPosterior"]
 
 PREDICTIVE_SAMPLES = 100
 PREDICTIVE_SEED = np.array([20240, 7], dtype=np.int32)
@@ -260,25 +260,28 @@ class SamplePosterior(Posterior):
                       chains=self.chains)
 
 
-class SkeletonPosterior(SamplePosterior):
-    """Samples of a piecewise-deterministic sampler (chains kept apart) with its skeleton.
+class TracePosterior(SamplePosterior):
+    """Draws of a sampler (chains kept apart) with what else its run produced.
 
     Parameters
     ----------
     samples : array_like
-        ``(chains, draws, d)`` draws taken from the trajectories at a fixed spacing.
-    skeleton : dict of numpy.ndarray
-        ``skeleton_chain``, ``skeleton_time``, ``skeleton_x``, ``skeleton_v``: one row per event.
+        ``(chains, draws, d)`` draws.
+    extras : dict of numpy.ndarray
+        Arrays saved next to the draws: a PDMP's skeleton (``skeleton_time``, ``skeleton_x``,
+        ...), every agent's iterates of a decentralized sampler (``agent_samples``).
     counts : dict of float
-        Work counters (``grad_evals``, ``events``); ESS per gradient evaluation and per event
-        are added to :meth:`diagnostics`.
+        Work counters (``grad_evals``, ``events``, ``exchanges``); ESS per unit of each is added
+        to :meth:`diagnostics`.
     """
 
-    def __init__(self, samples, skeleton: dict, counts: dict):
+    def __init__(self, samples, extras: dict, counts: dict):
         super().__init__(samples)
-        self.skeleton, self.counts = skeleton, counts
+        self.extras, self.counts = extras, counts
 
     def diagnostics(self) -> dict[str, float]:
+        if self.chains.shape[1] < 4:  # a warm-up record: too few draws for ESS / R-hat
+            return {"draws_per_chain": float(self.chains.shape[1])}
         out = super().diagnostics()
         for key, value in self.counts.items():
             if value > 0:
@@ -286,9 +289,9 @@ class SkeletonPosterior(SamplePosterior):
         return out
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write ``mean``, ``std``, ``samples``, ``chains`` and the skeleton arrays."""
+        """Write ``mean``, ``std``, ``samples``, ``chains`` and the extra arrays."""
         _atomic_savez(path, mean=self.mean(), std=self.std(), samples=self.samples,
-                      chains=self.chains, **self.skeleton)
+                      chains=self.chains, **self.extras)
 
 
 def _atomic_savez(path, **arrays) -> None:

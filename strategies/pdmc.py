@@ -11,7 +11,7 @@ Use from another Flower app::
     prior = model.prior(num_features=5, prior_scale=1.0, diag=True)
     strategy = PDMCStrategy(prior, model, num_clients=4, config=PDMCConfig(process_time=20.0))
     strategy.start(grid, num_rounds=10**9)  # the stopping rule ends the run
-    strategy.posterior  # a SkeletonPosterior: samples with the chains kept apart, the skeleton
+    strategy.posterior  # a TracePosterior: samples with the chains kept apart, the skeleton
 
 Every exchange carries the K chains' positions, velocities and the horizon to every worker and
 brings back each worker's proposed event times (``+inf`` for none before the horizon) and

@@ -384,9 +384,9 @@ def _diagnostics(state: ServerState, setup) -> dict:
 
 
 def _posterior(state: ServerState, setup):
-    from ..posterior import SkeletonPosterior
+    from ..posterior import TracePosterior
 
-    return SkeletonPosterior(kept_chains(state, setup), skeleton={
+    return TracePosterior(kept_chains(state, setup), extras={
         "skeleton_chain": state.skeleton_chain, "skeleton_time": state.skeleton_time,
         "skeleton_x": state.skeleton_x, "skeleton_v": state.skeleton_v},
         counts={"grad_evals": float(state.grad_evals), "events": float(state.events.sum())})

@@ -27,7 +27,8 @@ from .base import Bundle
 # One line per family: the module whose import registers it.
 BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi", "fedbayes_flwr.algorithms.dsvgd",
                    "fedbayes_flwr.algorithms.sgld", "fedbayes_flwr.algorithms.fedavg",
-                   "fedbayes_flwr.algorithms.amps", "fedbayes_flwr.algorithms.pdmc")
+                   "fedbayes_flwr.algorithms.amps", "fedbayes_flwr.algorithms.pdmc",
+                   "fedbayes_flwr.algorithms.dhmc")
 
 
 class Entry(NamedTuple):

@@ -126,6 +126,12 @@ class LinearRegression(Model):
         resid = y[None, :] - tf.linalg.matmul(theta, x, transpose_b=True)
         return -0.5 * resid**2 / s2 - 0.5 * np.log(2.0 * np.pi * s2)
 
+    def pdmp_potential(self, x, y):
+        """``|y - x theta|^2 / (2 noise^2)``: quadratic, exact rates."""
+        from ..pdmp.potentials import linear_regression_potential
+
+        return linear_regression_potential(x, y, self.noise_scale**2)
+
     def likelihood_factor(self, x, y) -> NaturalGaussian:
         s2 = self.noise_scale**2
         return NaturalGaussian(x.T @ y / s2, -0.5 * (x.T @ x) / s2)

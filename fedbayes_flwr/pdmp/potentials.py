@@ -50,6 +50,15 @@ class Potential:
         """``grad U`` at each row of ``x (K, d)``."""
         raise NotImplementedError
 
+    def value(self, x: np.ndarray) -> np.ndarray:
+        """``U`` at each row of ``x (K, d)`` (up to a constant)."""
+        raise NotImplementedError
+
+    def hess_quad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``v^T (Hessian of U at x) v`` for each row pair, shape ``(K,)`` (decentralized HMC's
+        second-order energy term)."""
+        raise NotImplementedError
+
 
 class Quadratic(Potential):
     """``U(x) = (x - c)^T H (x - c) / 2`` (``H`` symmetric positive semi-definite)."""
@@ -69,6 +78,9 @@ class Quadratic(Potential):
     def value(self, x):
         z = x - self.centre
         return 0.5 * np.einsum("ki,ij,kj->k", z, self.hessian, z)
+
+    def hess_quad(self, x, v):
+        return np.einsum("ki,ij,kj->k", v, self.hessian, v)
 
 
 class Logistic(Potential):
@@ -90,6 +102,10 @@ class Logistic(Potential):
         z = x @ self.xi.T
         return np.sum(np.logaddexp(0.0, z) - self.eta * z, axis=1)
 
+    def hess_quad(self, x, v):
+        s = 0.5 * (1.0 + np.tanh(0.5 * (x @ self.xi.T)))
+        return np.sum(s * (1.0 - s) * (v @ self.xi.T) ** 2, axis=1)
+
 
 def gaussian_mean_potential(x_rows: np.ndarray, noise_var: float) -> Quadratic:
     """``sum_n |y_n - x|^2 / (2 alpha^2)`` up to a constant: ``H = (n / alpha^2) I``, ``c`` the
@@ -98,6 +114,15 @@ def gaussian_mean_potential(x_rows: np.ndarray, noise_var: float) -> Quadratic:
     n, d = x_rows.shape
     centre = x_rows.mean(axis=0) if n else np.zeros(d)
     return Quadratic(np.eye(d) * n / noise_var, centre)
+
+
+def linear_regression_potential(design: np.ndarray, y: np.ndarray,
+                                noise_var: float) -> Quadratic:
+    """``|y - X theta|^2 / (2 sigma^2)`` up to a constant: ``H = X^T X / sigma^2``, ``c`` a
+    least-squares solution (any one: the potential is unchanged by the choice)."""
+    design = np.asarray(design, dtype=np.float64)
+    centre = np.linalg.lstsq(design, np.asarray(y, dtype=np.float64), rcond=None)[0]
+    return Quadratic(design.T @ design / noise_var, centre)
 
 
 def gaussian_prior_potential(dim: int, variance: float | None) -> Quadratic:

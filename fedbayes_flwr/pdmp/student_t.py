@@ -105,6 +105,14 @@ class StudentTAR1(Potential):
         psi = (self.nu + 1.0) * r / (self.nu + r * r)
         return -np.stack([psi.sum(axis=1), psi @ self.prev], axis=1)
 
+    def hess_quad(self, x, v):
+        """``v^T H v = sum_i psi'(r_i) (v_c + v_x y_{i-1})^2`` with
+        ``psi'(r) = (nu + 1) (nu - r^2) / (nu + r^2)^2`` (can be negative)."""
+        r = self._residuals(x)
+        dpsi = (self.nu + 1.0) * (self.nu - r * r) / (self.nu + r * r) ** 2
+        zv = v[:, :1] + v[:, 1:2] * self.prev[None, :]
+        return np.sum(dpsi * zv * zv, axis=1)
+
     def value(self, x):
         """``U`` at each row of ``x (K, 2)``, normalising constant included (``-log`` likelihood)."""
         r = self._residuals(x)
