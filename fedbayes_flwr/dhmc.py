@@ -20,16 +20,17 @@ every agent draws them from the same seed, keyed on the run seed and the iterati
 
    broadcast ``z_i`` and ``a_i = aleph_i + c_i - c_last_i``.
 2. ``s`` mixing rounds: ``z <- W z``, ``a <- W a`` (the new ``aleph'``).
-3. *track*: ``b_i = y_i + grad U_i(z'_i) - g_last_i``; broadcast; ``s`` rounds ``b <- W b``
-   give ``y'_i``. The difference is added ONCE, then mixed (``y <- W^s (y + delta)``), so
+3. *track*: ``b_i = y_i + grad U_i(z'_i) - g_last_i``; broadcast ``b_i`` and ``y_i``; ``s``
+   rounds give ``y'_i = (W^s b)_i`` (the tracker if the move is accepted) and ``(W^s y)_i``
+   (if it is rejected). The difference is added ONCE, then mixed (``y <- W^s (y + delta)``), so
    ``mean_i y_i = mean_i grad U_i(current w_i)`` exactly at every iteration.
 4. *finish*: ``p' = p_half - (epsilon / 2) m y'_i`` and the energy change
 
        Delta H_i = m aleph'_i + |p'|^2 / 2 - |p|^2 / 2,
 
    accepted when ``log u < -Delta H_i``; then ``w_i = z'_i``, ``y_i = y'_i``,
-   ``g_last_i = grad U_i(z'_i)``, else the agent keeps ``w_i``, ``y_i``, ``g_last_i``. Either
-   way ``aleph_i = aleph'_i``, ``c_last_i = c_i``.
+   ``g_last_i = grad U_i(z'_i)``, else the agent keeps ``w_i`` and ``g_last_i`` and takes
+   ``y_i = (W^s y)_i``. Either way ``aleph_i = aleph'_i``, ``c_last_i = c_i``.
 
 **Why this Metropolis term.** With ``Delta = epsilon p - (epsilon^2 / 2) g`` (``g = grad U(w)``)
 the exact energy change of one leapfrog step is ``U(w + Delta) - U(w) + |p'|^2/2 - |p|^2/2``.
@@ -160,21 +161,27 @@ def decide(state: AgentState, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
     return Outcome(delta_h, prob, accepted)
 
 
-def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, accepted) -> AgentState:
-    """Phase 3b: move to the proposal where ``accepted``; keep the iterate otherwise."""
+def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, accepted) -> AgentState:
+    """Phase 3b: move to the proposal where ``accepted``; keep the iterate otherwise.
+
+    ``y_mixed = W^s (y + grad U_i(z') - g_last)`` is the tracker after a move and
+    ``y_kept = W^s y`` after a rejection: the tracker is mixed either way, so
+    ``mean_i y_i = mean_i g_last_i`` holds whatever is decided (keeping the unmixed ``y`` on a
+    rejection would leave each agent with its own local gradient for as long as proposals are
+    rejected)."""
     keep = np.asarray(accepted)[..., None]
     return state._replace(w=np.where(keep, z_mixed, state.w),
-                          y=np.where(keep, y_mixed, state.y),
+                          y=np.where(keep, y_mixed, y_kept),
                           g_last=np.where(keep, state.grad_z, state.g_last),
                           aleph=aleph_mixed, c_last=state.c)
 
 
-def finish(state: AgentState, z_mixed, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
+def finish(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, log_u: np.ndarray, epsilon,
            num_agents: int, integrator: str = "leapfrog", metropolis: bool = True):
     """Phase 3 with this agent's own decision: ``(state, outcome)``."""
     out = decide(state, aleph_mixed, y_mixed, log_u, epsilon, num_agents, integrator,
                  metropolis)
-    return apply(state, z_mixed, aleph_mixed, y_mixed, out.accepted), out
+    return apply(state, z_mixed, aleph_mixed, y_mixed, y_kept, out.accepted), out
 
 
 def shared_draws(rng: np.random.Generator, k: int, d: int) -> tuple[np.ndarray, np.ndarray]:

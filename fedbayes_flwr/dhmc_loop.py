@@ -3,7 +3,7 @@
 :func:`simulate` runs the iteration of :mod:`fedbayes_flwr.dhmc` for ``m`` agents and ``K``
 chains with the mixing matrix applied as ``W^s`` over the agent axis, the shared draws from
 ``default_rng([seed, iteration])``, dual averaging of the shared step size during the warm-up
-(Metropolis test off), and returns every agent's iterates after the warm-up.
+(Metropolis test on unless ``warmup_metropolis=False``), and returns every agent's iterates after the warm-up.
 
 References
 ----------
@@ -44,7 +44,8 @@ def _unstack(state: dhmc.AgentState, m: int) -> list:
 def simulate(potentials: list, mixing: np.ndarray, w0: np.ndarray, epsilon: float,
              iterations: int, warmup: int = 0, rounds: int = 1, seed: int = 0,
              integrator: str = "leapfrog", energy: str = "taylor", adapt: bool = True,
-             target_accept: float = 0.6, posterior_var=None, decision: str = "local") -> Run:
+             target_accept: float = 0.6, posterior_var=None, decision: str = "local",
+             warmup_metropolis: bool = True) -> Run:
     """Run ``warmup + iterations`` iterations from ``w0 (K, d)`` (module docstring)."""
     m = len(potentials)
     k, d = w0.shape
@@ -65,12 +66,15 @@ def simulate(potentials: list, mixing: np.ndarray, w0: np.ndarray, epsilon: floa
         tracked = [dhmc.track(b[0], pot, z[i])
                    for i, (b, pot) in enumerate(zip(begun, potentials, strict=True))]
         y = np.tensordot(mix, np.stack([t[1] for t in tracked]), axes=1)
-        outs = [dhmc.decide(t[0], a[i], y[i], log_u, eps, m, integrator, metropolis=not warm)
+        y_kept = np.tensordot(mix, np.stack([t[0].y for t in tracked]), axes=1)
+        outs = [dhmc.decide(t[0], a[i], y[i], log_u, eps, m, integrator,
+                            metropolis=warmup_metropolis or not warm)
                 for i, t in enumerate(tracked)]
         decided = np.stack([o.accepted for o in outs])  # (m, K)
         final = decided if decision == "local" else np.broadcast_to(decided.all(axis=0),
                                                                     decided.shape)
-        states = [dhmc.apply(t[0], z[i], a[i], y[i], final[i]) for i, t in enumerate(tracked)]
+        states = [dhmc.apply(t[0], z[i], a[i], y[i], y_kept[i], final[i])
+                  for i, t in enumerate(tracked)]
         evals += 1 + (energy == "exact")
         prob = float(np.mean([o.accept_prob for o in outs]))
         if warm:

@@ -30,11 +30,11 @@ Hoffman & Gelman (2014), "The No-U-Turn Sampler: Adaptively Setting Path Lengths
 Monte Carlo", JMLR 15 (Algorithm 6: NUTS with dual averaging; Section 3.2: the step size);
 Nesterov (2009), "Primal-dual subgradient methods for convex problems" (dual averaging);
 Villani (2009), "Optimal Transport, Old and New", Chapter 6 (Wasserstein distances; in one
-dimension ``W1(P, Q) = integral |F_P - F_Q|``); Vehtari, Gelman, Simpson, Carpenter & Buerkner
-(2021), "Rank-normalization, folding, and localization: an improved R-hat", Bayesian Analysis 16
-(ESS and R-hat); the Fed-PDMC seed paper, "Federated Bayesian Computation via Piecewise
-Deterministic Markov Processes", Section 6 (marginal W1 between Fed Zig-Zag runs and a long HMC
-reference).
+dimension ``W1(P, Q) = integral |F_P - F_Q|``); Geyer (1992), "Practical Markov chain Monte
+Carlo", Statistical Science 7 (ESS, initial positive sequence); Gelman & Rubin (1992),
+"Inference from iterative simulation using multiple sequences", Statistical Science 7 (R-hat);
+the Fed-PDMC seed paper, "Federated Bayesian Computation via Piecewise Deterministic Markov
+Processes", Section 6 (marginal W1 between Fed Zig-Zag runs and a long HMC reference).
 """
 
 from __future__ import annotations
@@ -150,7 +150,10 @@ def _run_nuts(model, x, y, prior, num_params: int, settings: dict):
         nuts, num_adaptation_steps=int(0.8 * warmup),
         target_accept_prob=tf.constant(settings["target_accept"], tf.float64))
     rng = np.random.default_rng([settings["seed"], 0])
-    init = rng.uniform(-INIT_RADIUS, INIT_RADIUS, (settings["num_chains"], num_params))
+    low, high = -INIT_RADIUS, INIT_RADIUS
+    if getattr(model, "support", None) is not None:  # a bounded prior: start inside it
+        low, high = max(low, model.support[0]), min(high, model.support[1])
+    init = rng.uniform(low, high, (settings["num_chains"], num_params))
 
     def trace(_, pkr):
         inner = pkr.inner_results
@@ -195,7 +198,8 @@ def nuts_reference(model, x, y, prior, *, num_chains: int = 4, num_draws: int = 
         with a prior of their own (``gaussian_prior = False``).
     num_chains, num_draws, num_warmup : int
         ``C`` chains, each with ``num_warmup`` adaptation steps (discarded) then ``num_draws``
-        kept draws. Chains start uniform in ``[-2, 2]^P``.
+        kept draws. Chains start uniform in ``[-2, 2]^P`` (intersected with the model's
+        ``support`` when it has one).
     seed : int
         Seeds the initial points and TFP's stateless sampler: same key, same draws.
     target_accept : float
@@ -219,8 +223,8 @@ def nuts_reference(model, x, y, prior, *, num_chains: int = 4, num_draws: int = 
 
     References
     ----------
-    Hoffman & Gelman (2014), "The No-U-Turn Sampler", JMLR 15, Algorithm 6; Vehtari et al.
-    (2021), "Rank-normalization, folding, and localization: an improved R-hat".
+    Hoffman & Gelman (2014), "The No-U-Turn Sampler", JMLR 15, Algorithm 6; Gelman & Rubin
+    (1992) (R-hat).
     """
     from .posterior import SamplePosterior
 

@@ -11,10 +11,12 @@ from .nodes import partition_map
 from .server_app import app, make_server_app
 
 _NAMED = {"PVIStrategy": ".pvi", "AsyncPVIStrategy": ".pvi", "DSVGDStrategy": ".dsvgd",
-          "AMPSStrategy": ".amps", "PDMCStrategy": ".pdmc"}
+          "AMPSStrategy": ".amps", "PDMCStrategy": ".pdmc",
+          "DecentralizedHMCStrategy": ".dhmc", "GossipRouter": ".gossip"}
 
-__all__ = ["AMPSStrategy", "AsyncPVIStrategy", "BundleStrategy", "DSVGDStrategy", "PDMCStrategy",
-           "PVIStrategy", "app", "make_server_app", "partition_map"]
+__all__ = ["AMPSStrategy", "AsyncPVIStrategy", "BundleStrategy", "DSVGDStrategy",
+           "DecentralizedHMCStrategy", "GossipRouter", "PDMCStrategy", "PVIStrategy", "app",
+           "make_server_app", "partition_map"]
 
 
 def __getattr__(name: str):

@@ -63,8 +63,8 @@ def _output_dir(command: str) -> str:
     return re.search(r"output-dir='\$PWD/([^']+)'", command).group(1)
 
 
-def test_readme_has_the_four_flwr_commands():
-    assert len(FLWR_COMMANDS) == 4, FLWR_COMMANDS
+def test_readme_has_the_six_flwr_commands():
+    assert len(FLWR_COMMANDS) == 6, FLWR_COMMANDS
     assert all("$PWD/" in c and "--federation-config" in c for c in FLWR_COMMANDS)
 
 
@@ -158,3 +158,32 @@ def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path)
           np.load(tmp_path / "amps-local" / "posterior.npz") as local):
         for key in ("means.h", "means.prec", "weights.alpha"):
             np.testing.assert_allclose(post[key], local[key], rtol=1e-9, atol=1e-12)
+
+    # The PDMC command: events through flwr run; the chains and skeleton equal in-process.
+    out_dir = app / _output_dir(FLWR_COMMANDS[4])
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result["algorithm"] == "pdmc" and result["outcome"] == "done"
+    keys = {"algorithm": "pdmc", "model": "gaussian-mean", "dataset": "synthetic",
+            "num-clients": 4, "partition": "iid", "synthetic-dim": 2, "synthetic-size": 40,
+            "pdmc.num-chains": 4, "pdmc.process-time": 1.0,
+            "output-dir": str(tmp_path / "pdmc-local")}
+    run_in_process(parse_run_config(keys), progress=False)
+    with (np.load(out_dir / "posterior.npz") as post,
+          np.load(tmp_path / "pdmc-local" / "posterior.npz") as local):
+        for key in ("chains", "skeleton_time", "skeleton_x"):
+            np.testing.assert_allclose(post[key], local[key], rtol=0, atol=1e-9)
+
+    # The decentralized HMC command: gossip over a path of 3; equal to in-process.
+    out_dir = app / _output_dir(FLWR_COMMANDS[5])
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result["algorithm"] == "dhmc" and result["outcome"] == "done"
+    keys = {"algorithm": "dhmc", "model": "linear-regression", "dataset": "synthetic",
+            "num-clients": 3, "partition": "iid", "synthetic-dim": 2, "synthetic-size": 60,
+            "dhmc.graph": "path", "dhmc.num-chains": 4, "dhmc.warmup": 5, "dhmc.iterations": 10,
+            "dhmc.mixing-rounds": 1, "output-dir": str(tmp_path / "dhmc-local")}
+    run_in_process(parse_run_config(keys), progress=False)
+    with (np.load(out_dir / "posterior.npz") as post,
+          np.load(tmp_path / "dhmc-local" / "posterior.npz") as local):
+        assert post["agent_samples"].shape == (3, 4, 10, 2)
+        np.testing.assert_allclose(post["agent_samples"], local["agent_samples"], rtol=0,
+                                   atol=1e-9)

@@ -25,9 +25,12 @@ first exchange initialises the agents (``w0`` from the prior, the same at every 
 draw per chain from the run seed). Shared momentum and uniform: every agent draws them from
 ``(run seed, "dhmc.momentum", iteration)``.
 
-**Warm-up** (``dhmc.warmup`` iterations): the Metropolis test is off and the server adapts the
-shared step size by dual averaging on the agents' mean acceptance probability, then fixes it
-(:func:`fedbayes_flwr.dhmc.dual_averaging_step`). Samples are the agents' average iterate per
+**Warm-up** (``dhmc.warmup`` iterations): the server adapts the shared step size by dual
+averaging on the agents' mean acceptance probability, then fixes it
+(:func:`fedbayes_flwr.dhmc.dual_averaging_step`). The Metropolis test stays on
+(``dhmc.warmup-metropolis``); the paper switches it off during this burn-in, which on
+breast-cancer logistic regression let the step grow to 1.2 and the chains drift where almost
+nothing is then accepted (acceptance 0.0007, R-hat 64). Samples are the agents' average iterate per
 chain after the warm-up; ESS and R-hat are computed across chains, never across agents (their
 copies are near-identical); every agent's iterates are saved as ``agent_samples``.
 
@@ -58,7 +61,7 @@ from .. import gaussian as G
 from ..errors import ConfigError
 from ..seeds import derive_seed, numpy_rng
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from .routing import route
+from .routing import padded_inboxes
 
 STEP = "train"
 START, MIX_ZA, MIX_B, FLOOD = 0, 1, 2, 3
@@ -79,7 +82,11 @@ class DHMCConfig:
     step_size : float
         Initial shared step size ``epsilon`` (adapted during the warm-up when ``adapt``).
     warmup : int
-        Iterations with the Metropolis test off (step size adaptation), not kept.
+        Iterations of step size adaptation, not kept.
+    warmup_metropolis : bool
+        Keep the Metropolis test on during the warm-up (default). False is the paper's MH
+        burn-in (test off while the step adapts); measured to carry logistic chains away
+        (README), so it is not the default.
     adapt : bool
         Adapt the step size during the warm-up.
     target_accept : float
@@ -106,6 +113,7 @@ class DHMCConfig:
     graph: str = "ring"
     step_size: float = 0.01
     warmup: int = 200
+    warmup_metropolis: bool = True
     adapt: bool = True
     target_accept: float = 0.6
     mixing_rounds: int = 5
@@ -214,6 +222,7 @@ class AgentState(NamedTuple):
     z_mixed: np.ndarray
     aleph_mixed: np.ndarray
     y_mixed: np.ndarray
+    y_kept: np.ndarray
     decided: np.ndarray
     epsilon: np.ndarray
 
@@ -247,9 +256,10 @@ class Up(NamedTuple):
 
 # ---------------------------------------------------------------------------- helpers
 def _dims(setup) -> tuple[int, int, int]:
-    """``(K, d, F)``: chains, parameters, broadcast width (``d`` values and one scalar)."""
+    """``(K, d, F)``: chains, parameters, broadcast width (``[z, a]``: ``d + 1`` values;
+    ``[b, y]``: ``2 d``)."""
     d = setup.prior.dim
-    return setup.config.num_chains, d, d + 1
+    return setup.config.num_chains, d, 2 * d + 1
 
 
 _POTENTIALS: dict = {}
@@ -310,12 +320,14 @@ def _begin(st: AgentState, pot, setup, iteration: int, epsilon: float) -> AgentS
     c = setup.config
     p, _ = shared(setup, iteration)
     agent, z, a = H.begin(st.agent, pot, p, epsilon, setup.num_clients, c.integrator, c.energy)
-    return st._replace(agent=agent, own=np.concatenate([z, a[:, None]], axis=1),
+    return st._replace(agent=agent, own=_pad(np.concatenate([z, a[:, None]], axis=1),
+                                             2 * z.shape[1] + 1),
                        epsilon=np.array([epsilon]))
 
 
 def _apply_and_begin(st: AgentState, pot, setup, msg: Down) -> AgentState:
-    agent = H.apply(st.agent, st.z_mixed, st.aleph_mixed, st.y_mixed, st.decided > 0.5)
+    agent = H.apply(st.agent, st.z_mixed, st.aleph_mixed, st.y_mixed, st.y_kept,
+                    st.decided > 0.5)
     return _begin(st._replace(agent=agent), pot, setup, msg.iteration + 1, msg.epsilon)
 
 
@@ -332,7 +344,7 @@ def _client_state_template(setup) -> AgentState:
     k, d, f = _dims(setup)
     zk, zkd = np.zeros(k), np.zeros((k, d))
     agent = H.AgentState(zkd, zkd, zkd, zk, zk, zkd, zkd, zk, zkd)
-    return AgentState(agent, np.zeros((k, f)), zkd, zk, zkd, zk, np.zeros(1))
+    return AgentState(agent, np.zeros((k, f)), zkd, zk, zkd, zkd, zk, np.zeros(1))
 
 
 def _init_client(setup, partition_id: int) -> AgentState:
@@ -341,22 +353,12 @@ def _init_client(setup, partition_id: int) -> AgentState:
 
 def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
     topo = topology(setup)
-    k, _, f = _dims(setup)
-    inboxes = route({i: state.outbox[i] for i in range(setup.num_clients)}, topo.neighbours)
-    metropolis = int(state.iteration >= setup.config.warmup)
-    out = {}
-    for agent in range(setup.num_clients):
-        senders = topo.senders[agent]
-        inbox = np.zeros((senders.size, k, f))
-        weights = np.zeros(senders.size + 1)
-        weights[0] = topo.weights[agent, agent]
-        for j, sender in enumerate(senders):
-            if sender >= 0:
-                inbox[j] = inboxes[agent][int(sender)]
-                weights[j + 1] = topo.weights[agent, sender]
-        out[agent] = Request(STEP, Down(inbox, senders.copy(), weights, state.phase, state.round,
-                                        state.iteration, float(state.epsilon), metropolis))
-    return out
+    c = setup.config
+    metropolis = int(state.iteration >= c.warmup or c.warmup_metropolis)
+    routed = padded_inboxes(state.outbox, topo.neighbours, topo.weights)
+    return {agent: Request(STEP, Down(inbox, senders, weights, state.phase, state.round,
+                                      state.iteration, float(state.epsilon), metropolis))
+            for agent, (inbox, senders, weights) in routed.items()}
 
 
 def _client_step(seed, st: AgentState, request: Request, data, setup):
@@ -373,17 +375,18 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
         if msg.round == c.mixing_rounds:  # z' and aleph' final: track the gradient at z'
             z, a = st.own[:, :d], st.own[:, d]
             agent, b = H.track(st.agent, pot, z)
-            st = st._replace(agent=agent, z_mixed=z, aleph_mixed=a, own=_pad(b, f))
+            st = st._replace(agent=agent, z_mixed=z, aleph_mixed=a,
+                             own=np.concatenate([b, agent.y, np.zeros((k, 1))], axis=1))
             evals = 1
     elif msg.phase == MIX_B:
         st = st._replace(own=_mix(st.own, msg))
         if msg.round == c.mixing_rounds:  # y' final: this agent's Metropolis decision
-            y = st.own[:, :d]
+            y, y_kept = st.own[:, :d], st.own[:, d:2 * d]
             _, log_u = shared(setup, msg.iteration)
             out = H.decide(st.agent, st.aleph_mixed, y, log_u, float(st.epsilon[0]),
                            setup.num_clients, c.integrator, bool(msg.metropolis))
             prob, decided = out.accept_prob, out.accepted.astype(np.float64)
-            st = st._replace(y_mixed=y, decided=decided, own=_pad(decided, f))
+            st = st._replace(y_mixed=y, y_kept=y_kept, decided=decided, own=_pad(decided, f))
             if c.decision == "local" or topology(setup).diameter == 0:
                 st = _apply_and_begin(st, pot, setup, msg)
                 evals = c.energy == "exact"
@@ -540,8 +543,9 @@ BUNDLE = Bundle(
 def _preset(**section):
     def preset(c):
         changes = {}
-        if c.num_rounds == 10:  # the common default: no cap, the stopping rule ends the run
-            changes["num_rounds"] = NO_CAP
+        if c.num_rounds == 10:  # the common default: the run's own length, or no cap (ESS)
+            fixed = c.section.iterations
+            changes["num_rounds"] = c.section.warmup + fixed if fixed > 0 else NO_CAP
         if c.eval_every == 1:
             changes["eval_every"] = DEFAULT_EVAL_EVERY
         return c.replace(**changes).with_section(**section)

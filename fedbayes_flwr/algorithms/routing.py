@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 
 def validate_neighbours(neighbours: Mapping[int, Sequence[int]]) -> None:
     """Raise ``ValueError`` unless the graph is symmetric, loop-free and uses known agents."""
@@ -32,3 +34,25 @@ def route(outbox: Mapping[int, object], neighbours: Mapping[int, Sequence[int]]
     """
     return {agent: {s: outbox[s] for s in sorted(nbrs) if s in outbox}
             for agent, nbrs in sorted(neighbours.items())}
+
+
+def padded_inboxes(outbox: np.ndarray, neighbours: Mapping[int, Sequence[int]],
+                   weights: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each agent's ``(inbox, senders, row weights)`` with fixed shapes (Flower's templates).
+
+    ``inbox (width, ...)`` stacks the neighbours' broadcasts from ``outbox (m, ...)``, padded
+    with zeros to the largest degree ``width``; ``senders (width,)`` names them (``-1`` for
+    padding); ``row weights (width + 1,)`` are ``(W_ii, W_i,senders...)`` (0 for padding).
+    """
+    width = max(1, max((len(v) for v in neighbours.values()), default=0))
+    inboxes = route({i: outbox[i] for i in range(len(outbox))}, neighbours)
+    out = {}
+    for agent, got in inboxes.items():
+        senders = np.full(width, -1, np.int64)
+        inbox = np.zeros((width, *outbox.shape[1:]))
+        row = np.zeros(width + 1)
+        row[0] = weights[agent, agent]
+        for j, (sender, message) in enumerate(got.items()):
+            senders[j], inbox[j], row[j + 1] = sender, message, weights[agent, sender]
+        out[agent] = (inbox, senders, row)
+    return out
