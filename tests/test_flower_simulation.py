@@ -255,7 +255,7 @@ def test_dhmc_gossip_through_the_simulation_engine_equals_in_process(tmp_path):
     local_post = np.load(tmp_path / "local" / "posterior.npz")
     np.testing.assert_allclose(flower_post["agent_samples"], local_post["agent_samples"],
                                rtol=0, atol=1e-9)
-    assert flower["outcome"] == local["outcome"] == "done"
+    assert flower["outcome"] == local["outcome"] == "completed"  # warm-up + iterations
     keys = ("round", "iterations", "exchanges", "acceptance_rate", "step_size")
     assert [{k: h.get(k) for k in keys} for h in flower["history"]] == \
         [{k: h.get(k) for k in keys} for h in local["history"]]

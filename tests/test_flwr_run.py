@@ -176,7 +176,7 @@ def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path)
     # The decentralized HMC command: gossip over a path of 3; equal to in-process.
     out_dir = app / _output_dir(FLWR_COMMANDS[5])
     result = json.loads((out_dir / "result.json").read_text())
-    assert result["algorithm"] == "dhmc" and result["outcome"] == "done"
+    assert result["algorithm"] == "dhmc" and result["outcome"] == "completed"
     keys = {"algorithm": "dhmc", "model": "linear-regression", "dataset": "synthetic",
             "num-clients": 3, "partition": "iid", "synthetic-dim": 2, "synthetic-size": 60,
             "dhmc.graph": "path", "dhmc.num-chains": 4, "dhmc.warmup": 5, "dhmc.iterations": 10,

@@ -1,0 +1,129 @@
+"""Baselines of decentralized MH-HMC: centralized one-step HMC and decentralized ULA.
+
+Target: Bayesian linear regression (Gaussian posterior, known exactly), rows split over 5
+agents. Tolerances: Monte Carlo errors from the ESS of independent chains (for the
+decentralized sampler, of the agents' average per chain; never across agents), 4 standard
+errors; ULA is unadjusted, so its checks are loose and the allowance is stated where used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedbayes_flwr import dhmc as H
+from fedbayes_flwr import gossip
+from fedbayes_flwr.dhmc_baselines import PooledPotential, centralized_hmc, decentralized_ula, ula_steps
+from fedbayes_flwr.dhmc_loop import simulate
+from fedbayes_flwr.pdmp import potentials as P
+from fedbayes_flwr.posterior import SamplePosterior
+
+M, N, D = 5, 250, 3
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, D))
+    y = x @ rng.standard_normal(D) + rng.standard_normal(N)
+    prior = P.gaussian_prior_potential(D, 1.0)
+    pots = [H.LocalPotential(P.linear_regression_potential(x[i], y[i], 1.0), prior, M)
+            for i in np.array_split(np.arange(N), M)]
+    cov = np.linalg.inv(x.T @ x + np.eye(D))
+    return pots, cov @ (x.T @ y), np.diag(cov)
+
+
+def _mcse_checks(chains, mean, var, var_allowance=0.0):
+    """Pooled mean within 4 MCSE; variance within 4 MCSE (ESS of the squared deviations) plus
+    ``var_allowance`` (relative)."""
+    flat = chains.reshape(-1, chains.shape[-1])
+    ess = SamplePosterior(chains).ess()
+    sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
+    assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess)), (flat.mean(0), mean)
+    rel = np.abs(flat.var(0) / var - 1)
+    assert np.all(rel <= 4 * np.sqrt(2 / sq_ess) + var_allowance), (rel, sq_ess)
+
+
+def test_centralized_hmc_matches_the_exact_posterior(problem):
+    """Adapted step (dual averaging in the warm-up), 16 chains: mean and variance within 4
+    MCSE of the exact Gaussian posterior (one leapfrog step with the exact energy is exact
+    MALA: no bias to allow for)."""
+    pots, mean, var = problem
+    run = centralized_hmc(PooledPotential(pots), np.zeros((16, D)), 0.04, 1500, warmup=200,
+                          seed=3)
+    assert run.samples.shape == (16, 1500, D)
+    assert run.grad_evals == 1 + 1700
+    assert 0.45 < run.accept_rate < 0.8  # target 0.6
+    _mcse_checks(run.samples, mean, var)
+
+
+def test_centralized_hmc_makes_the_decentralized_moves_at_exact_consensus(problem):
+    """Complete graph (``W = 11^T / m``: exact averaging), fixed step, same seed, one warm-up
+    iteration with the test off (it puts the trackers at their averages): the decentralized
+    sampler and centralized HMC make the same moves to rounding (the Taylor energy is exact
+    for a quadratic potential)."""
+    pots, mean, _ = problem
+    mixing = gossip.metropolis_weights(gossip.complete(M))
+    w0 = np.tile(mean, (8, 1)) + 0.05
+    dec = simulate(pots, mixing, w0, 0.05, 200, warmup=1, adapt=False, seed=7,
+                   warmup_metropolis=False)
+    cen = centralized_hmc(PooledPotential(pots), w0, 0.05, 200, warmup=1, adapt=False,
+                          seed=7, warmup_metropolis=False)
+    np.testing.assert_allclose(dec.samples, np.broadcast_to(cen.samples, dec.samples.shape),
+                               rtol=0, atol=1e-12)
+    assert dec.accept_rate == cen.accept_rate and dec.disagreement == 0.0
+
+
+def test_ula_step_schedule():
+    steps = ula_steps(0.01, 1000, decay=0.55, offset=230.0)
+    assert steps[0] == 0.01
+    np.testing.assert_allclose(steps[999], 0.01 * (230 / 1229) ** 0.55)
+    np.testing.assert_array_equal(ula_steps(0.01, 5, decay=0.0), np.full(5, 0.01))
+
+
+def test_decentralized_ula_on_a_ring(problem):
+    """Shared noise, ring of 5, the reference code's decaying step from ``h_0 = 0.04^2 / 2``:
+    shapes and cost; consensus error below 0.1 of the posterior variance; the agents' average
+    has the exact mean within 4 MCSE plus 0.2 posterior sd.
+
+    The allowance: for a Gaussian target ULA's stationary mean is exact (only its covariance is
+    biased, to ``(I - h H / 2)^{-1}`` times the posterior's), so a mean bias comes from the
+    decentralization alone (the network average moves with ``sum_i grad U_i(w_i)``, not
+    ``grad U(w_bar)``), which is of the order of the agents' spread (``sqrt(0.1)`` sd at most
+    here, in practice a fraction of it) and from the decaying step's slowly forgotten start."""
+    pots, mean, var = problem
+    mixing = gossip.metropolis_weights(gossip.ring(M))
+    run = decentralized_ula(pots, mixing, np.zeros((16, D)), 0.04**2 / 2, 1500, warmup=300,
+                            noise="shared", posterior_var=var)
+    assert run.samples.shape == (M, 16, 1500, D)
+    assert run.grad_evals == 1800 and run.steps.shape == (1800,)
+    assert run.consensus.shape == (1500,) and run.consensus.mean() < 0.1
+    avg = run.samples.mean(axis=0)  # (K, T, d): the agents' average per chain
+    ess = SamplePosterior(avg).ess()
+    err = np.abs(avg.reshape(-1, D).mean(0) - mean)
+    assert np.all(err <= 4 * np.sqrt(var / ess) + 0.2 * np.sqrt(var)), (err / np.sqrt(var), ess)
+    ratio = run.samples.reshape(-1, D).var(0) / var
+    print(f"ULA (shared noise) variance ratio {ratio.round(3)}, consensus "
+          f"{run.consensus.mean():.3f}")
+
+
+def test_ula_noise_scalings(problem):
+    """The noise variants do what the module says, near consensus (complete graph, 5 rounds):
+    per-agent noise scaled by sqrt(m) (DE-SGLD) gives the agents' average about the posterior
+    variance; unscaled per-agent noise (the seed paper's code) about 1/m of it. Loose bounds
+    (0.7-1.5 and below 0.4): the step's own bias and Monte Carlo error are well inside them."""
+    pots, _, var = problem
+    mixing = gossip.metropolis_weights(gossip.complete(M))
+    ratios = {}
+    for noise in ("independent", "reference"):
+        run = decentralized_ula(pots, mixing, np.zeros((16, D)), 0.02**2 / 2, 1500,
+                                warmup=300, rounds=5, noise=noise, decay=0.0)
+        ratios[noise] = run.samples.mean(axis=0).reshape(-1, D).var(0) / var
+    assert np.all((ratios["independent"] > 0.7) & (ratios["independent"] < 1.5)), ratios
+    assert np.all(ratios["reference"] < 0.4), ratios
+
+
+def test_bad_noise_is_refused(problem):
+    pots, _, _ = problem
+    with pytest.raises(ValueError, match="noise"):
+        decentralized_ula(pots, np.eye(M), np.zeros((2, D)), 0.01, 2, noise="gaussian")
