@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -258,3 +259,43 @@ def plot_nll(curves: dict, results_dir: str, stem: str, title: str, hline: tuple
         plot_curves(shown, os.path.join(results_dir, f"{stem}{suffix}.png"),
                     xlabel="client updates", ylabel="test NLL",
                     title=title + (" (zoom)" if suffix else ""), hline=hline)
+
+
+# ---------------------------------------------------------------------------- Flower runs
+def per_exchange(history: list[dict], skip: int = 1) -> tuple[float, int]:
+    """Seconds per exchange over the recorded rows after the first ``skip`` (warm-up)."""
+    rows = history[skip - 1:] if skip else history
+    if len(rows) < 2:
+        return float("nan"), 0
+    exchanges = rows[-1]["round"] - rows[0]["round"]
+    return (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]) / exchanges, exchanges
+
+
+def toml_value(value) -> str:
+    """A run-config value in Flower's TOML syntax."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def flower_run(keys: dict, workers: int, rounds: int, eval_every: int, out: str,
+               cpus: float, keep=("round", "elapsed_s", "events")) -> dict:
+    """One ``run_simulation.py --engine simulation`` run (``keys`` as run config); seconds per
+    update after the first recorded row, and the history rows' ``keep`` keys."""
+    rc = " ".join(f"{k}={toml_value(v)}" for k, v in {**keys, "eval-every": eval_every}.items())
+    cmd = [sys.executable, os.path.join(ROOT, "run_simulation.py"), "--engine", "simulation",
+           "--quiet", "--output-dir", out, "--num-clients", str(workers), "--num-rounds",
+           str(rounds), "--num-cpus-per-client", str(cpus), "--run-config", rc]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    with open(os.path.join(out, "result.json")) as f:
+        result = json.load(f)
+    per, counted = per_exchange(result["history"])
+    return {"seconds_per_exchange": per, "exchanges_counted": counted, "history":
+            [{k: h.get(k) for k in keep} for h in result["history"]],
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+

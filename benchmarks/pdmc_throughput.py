@@ -26,15 +26,12 @@ per-exchange floor).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 
 import common  # noqa: F401  (environment, sys.path)
 import numpy as np
-from common import ROOT, argument_parser, resolve_common_args, start
+from common import argument_parser, flower_run, per_exchange, resolve_common_args, start
 
 from fedbayes_flwr.pdmp import potentials as P
 from fedbayes_flwr.pdmp import sampler as S
@@ -61,53 +58,19 @@ def in_process_loop(workers: int, chains: int, process_time: float, seed: int) -
             "events_per_s": events / wall, "exchanges_per_s": run.exchanges / wall}
 
 
-def _per_exchange(history: list[dict], skip: int = 1) -> tuple[float, int]:
-    """Seconds per exchange over the recorded rows after the first ``skip`` (warm-up)."""
-    rows = history[skip - 1:] if skip else history
-    if len(rows) < 2:
-        return float("nan"), 0
-    exchanges = rows[-1]["round"] - rows[0]["round"]
-    return (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]) / exchanges, exchanges
-
-
 def engine_run(workers: int, chains: int, exchanges: int, out: str) -> dict:
     from common import timed_run
 
     result, record = timed_run({"algorithm": "pdmc", **DATA_KEYS, "num-clients": workers,
                                 "num-rounds": exchanges, "eval-every": max(1, exchanges // 5),
                                 "pdmc.num-chains": chains, "output-dir": out})
-    per, counted = _per_exchange(result["history"])
+    per, counted = per_exchange(result["history"])
     last = result["history"][-1]
     first = result["history"][0]
     events = last["events"] - first["events"]
     return {"seconds_per_exchange": per, "exchanges_counted": counted,
             "events_per_s": events / (per * counted) if counted else None,
             "wall_s": record["wall_s"]}
-
-
-def _toml(value) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    return json.dumps(value) if isinstance(value, str) else str(value)
-
-
-def flower_run(keys: dict, workers: int, rounds: int, eval_every: int, out: str,
-               cpus: float) -> dict:
-    rc = " ".join(f"{k}={_toml(v)}" for k, v in {**keys, "eval-every": eval_every}.items())
-    cmd = [sys.executable, os.path.join(ROOT, "run_simulation.py"), "--engine", "simulation",
-           "--quiet", "--output-dir", out, "--num-clients", str(workers), "--num-rounds",
-           str(rounds), "--num-cpus-per-client", str(cpus), "--run-config", rc]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800,
-                          env={**os.environ, "PYTHONPATH": ROOT})
-    if proc.returncode != 0:
-        return {"error": proc.stderr[-2000:]}
-    with open(os.path.join(out, "result.json")) as f:
-        result = json.load(f)
-    per, counted = _per_exchange(result["history"])
-    return {"seconds_per_exchange": per, "exchanges_counted": counted, "history":
-            [{k: h.get(k) for k in ("round", "elapsed_s", "events")} for h in result["history"]],
-            "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 def main() -> None:
