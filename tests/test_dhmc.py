@@ -109,7 +109,8 @@ def test_taylor_error_is_third_order_on_logistic_regression():
 # ------------------------------------------------------------------ the bundle
 RING = {"algorithm": "dhmc", "model": "linear-regression", "dataset": "synthetic",
         "synthetic-dim": 3, "synthetic-size": 250, "num-clients": 5, "partition": "iid",
-        "dhmc.graph": "ring", "prior-scale": 1.0}
+        "dhmc.graph": "ring", "prior-scale": 1.0, "dhmc.mixing-rounds": 5,
+        "dhmc.energy": "taylor"}
 
 
 def test_router_delivers_exactly_the_neighbours_messages():

@@ -104,8 +104,9 @@ class DHMCConfig:
     integrator : str
         ``leapfrog`` (velocity Verlet, reversible) or ``euler`` (the paper's symplectic Euler).
     energy : str
-        ``taylor`` (the paper's second-order Metropolis term) or ``exact`` (local potential
-        differences).
+        ``exact`` (default: the network sum of the local potential differences) or ``taylor``
+        (the paper's second-order term: exact on Gaussians, but its O(epsilon^3) error biased
+        logistic regression at the adapted step; README).
     decision : str
         ``agree`` (flooded AND of the agents' decisions) or ``local`` (each agent its own).
     """
@@ -116,13 +117,13 @@ class DHMCConfig:
     warmup_metropolis: bool = True
     adapt: bool = True
     target_accept: float = 0.6
-    mixing_rounds: int = 5
+    mixing_rounds: int = 10
     num_chains: int = 16
     iterations: int = 0
     target_ess: float = 400.0
     max_seconds: float = 110.0
     integrator: str = "leapfrog"
-    energy: str = "taylor"
+    energy: str = "exact"
     decision: str = "agree"
 
     def validate(self, run) -> None:
@@ -436,7 +437,9 @@ def _server_step(state: ServerState, replies, setup, rnd):
         own = np.stack([r.decided for _, r in good]) > 0.5  # (m, K) each agent's own test
         if state.iteration < c.warmup:
             if c.adapt:
-                prob = float(np.mean([r.accept_prob for _, r in good]))
+                probs = np.stack([r.accept_prob for _, r in good])  # (m, K)
+                # agreed decisions accept only what every agent accepts: adapt on the minimum
+                prob = float(np.mean(probs.min(axis=0) if c.decision == "agree" else probs))
                 adaptation = H.dual_averaging_step(adaptation, prob, c.target_accept)
                 last = state.iteration == c.warmup - 1
                 eps = float(np.exp(adaptation.log_eps_bar if last else adaptation.log_eps))
