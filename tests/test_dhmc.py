@@ -186,3 +186,20 @@ def test_bad_graph_is_refused():
         parse_run_config({**RING, "dhmc.graph": "erdos-renyi:0.01"})
     with pytest.raises(ConfigError, match="dhmc.graph"):
         parse_run_config({**RING, "dhmc.graph": "[[0,1],[0,0]]"})
+
+
+def test_centralized_hmc_is_the_one_agent_case_and_exact(tmp_path):
+    """``centralized-hmc``: one agent holding every row (no gossip): mean and variance within
+    4 MCSE of the conjugate posterior."""
+    keys = {**RING, "algorithm": "centralized-hmc", "dhmc.iterations": 300,
+            "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    assert result["num_clients"] == 1 and result["history"][-1]["exchanges"] == 2 * 500 + 1
+    exp = build_experiment(parse_run_config({**RING, "num-clients": 1, "output-dir": "unused"}))
+    mean, var = _exact_linear(exp)
+    chains = np.load(tmp_path / "posterior.npz")["chains"]
+    flat = chains.reshape(-1, chains.shape[-1])
+    ess = SamplePosterior(chains).ess()
+    sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
+    assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess))
+    assert np.all(np.abs(flat.var(0) / var - 1) <= 4 * np.sqrt(2 / sq_ess))

@@ -555,9 +555,19 @@ def _preset(**section):
     return preset
 
 
+def _one_agent():
+    inner = _preset(graph="complete", mixing_rounds=1)
+
+    def preset(c):
+        return inner(c.replace(num_clients=1))
+    return preset
+
+
 PRESETS = {
     "dhmc": (_preset(), "decentralized Metropolis-adjusted HMC: agents on a peer graph, gossip "
                         "mixing, gradient tracking, one leapfrog step per iteration"),
+    "centralized-hmc": (_one_agent(), "HMC with one leapfrog step on the pooled data (one agent): "
+                                      "the decentralized sampler's reference at equal step"),
     "dmala": (_preset(integrator="euler", decision="local"),
               "the paper's decentralized MALA: one symplectic-Euler step (not reversible), each "
               "agent its own decision (a measured baseline)"),
