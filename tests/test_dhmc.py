@@ -203,3 +203,21 @@ def test_centralized_hmc_is_the_one_agent_case_and_exact(tmp_path):
     sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
     assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess))
     assert np.all(np.abs(flat.var(0) / var - 1) <= 4 * np.sqrt(2 / sq_ess))
+
+
+def test_decentralized_ula_runs_over_the_same_graph(tmp_path):
+    """``decentralized-ula`` (the paper's baseline: no Metropolis test, decaying steps): the
+    agents' average tracks the posterior mean within 4 MCSE plus 0.2 posterior sd (ULA is
+    unadjusted; its stationary mean is exact for a Gaussian target, the allowance covers the
+    decaying-step transient); no acceptance rate is reported."""
+    keys = {**RING, "algorithm": "decentralized-ula", "dhmc.iterations": 600,
+            "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    row = result["history"][-1]
+    assert row["exchanges"] == 5 * (200 + 600) + 1 and np.isnan(row["acceptance_rate"])
+    exp = build_experiment(parse_run_config({**RING, "output-dir": "unused"}))
+    mean, var = _exact_linear(exp)
+    chains = np.load(tmp_path / "posterior.npz")["chains"]
+    ess = SamplePosterior(chains).ess()
+    err = np.abs(chains.reshape(-1, chains.shape[-1]).mean(0) - mean)
+    assert np.all(err <= 4 * np.sqrt(var / ess) + 0.2 * np.sqrt(var)), (err, np.sqrt(var))

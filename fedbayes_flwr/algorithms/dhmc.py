@@ -64,6 +64,8 @@ from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
 from .routing import padded_inboxes
 
 STEP = "train"
+ULA = "ula"
+ULA_DECAY, ULA_OFFSET, ULA_STEP = 0.55, 230.0, 1e-3
 START, MIX_ZA, MIX_B, FLOOD = 0, 1, 2, 3
 DECISIONS = ("agree", "local")
 DEFAULT_EVAL_EVERY = 100
@@ -102,7 +104,11 @@ class DHMCConfig:
     max_seconds : float
         Wall-clock cap of such a run (0 = none).
     integrator : str
-        ``leapfrog`` (velocity Verlet, reversible) or ``euler`` (the paper's symplectic Euler).
+        ``leapfrog`` (velocity Verlet, reversible), ``euler`` (the paper's symplectic Euler) or
+        ``ula`` (decentralized unadjusted Langevin, the paper's baseline: ``w_i <- (W^s w)_i -
+        h_t m grad U_i(w_i) + sqrt(2 h_t m) xi_i`` with independent ``xi_i`` per agent, so the
+        network average takes an exact Langevin step; ``h_t = step-size (230 / (230 + t))^0.55``
+        as the reference code; no Metropolis test, no tracking).
     energy : str
         ``exact`` (default: the network sum of the local potential differences) or ``taylor``
         (the paper's second-order term: exact on Gaussians, but its O(epsilon^3) error biased
@@ -145,8 +151,9 @@ class DHMCConfig:
         need(self.iterations >= 0, "iterations", f"must be >= 0, got {self.iterations}")
         need(self.target_ess > 0, "target-ess", f"must be > 0, got {self.target_ess}")
         need(self.max_seconds >= 0, "max-seconds", f"must be >= 0, got {self.max_seconds}")
-        need(self.integrator in H.INTEGRATORS, "integrator",
-             f"unknown integrator {self.integrator!r}; choose one of {', '.join(H.INTEGRATORS)}")
+        need(self.integrator in (*H.INTEGRATORS, ULA), "integrator",
+             f"unknown integrator {self.integrator!r}; choose one of "
+             f"{', '.join((*H.INTEGRATORS, ULA))}")
         need(self.energy in H.ENERGIES, "energy",
              f"unknown energy {self.energy!r}; choose one of {', '.join(H.ENERGIES)}")
         need(self.decision in DECISIONS, "decision",
@@ -367,6 +374,8 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
     pot = local_potential(setup, data)
     k, d, f = _dims(setup)
     prob, evals, decided = np.zeros(k), 0, np.zeros(k)
+    if c.integrator == ULA:
+        return _ula_step(seed, st, msg, pot, setup)
     if msg.phase == START:
         st = st._replace(agent=H.init_agent(pot, initial_position(setup)))
         st = _begin(st, pot, setup, msg.iteration, msg.epsilon)
@@ -404,9 +413,40 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
     return st, Up(st.own, st.agent.w, prob, decided, int(evals), msg.iteration), {}
 
 
+def ula_step_size(config: DHMCConfig, iteration: int) -> float:
+    """``h_t = step-size (230 / (230 + t))^0.55`` (the reference code's decay)."""
+    return config.step_size * (ULA_OFFSET / (ULA_OFFSET + iteration)) ** ULA_DECAY
+
+
+def _ula_step(seed, st: AgentState, msg: Down, pot, setup):
+    """Decentralized ULA: broadcast ``w``; after ``s`` mixing rounds take the Langevin step."""
+    c = setup.config
+    k, d, f = _dims(setup)
+    m = setup.num_clients
+    evals = 0
+    if msg.phase == START:
+        w = initial_position(setup)
+        st = st._replace(agent=st.agent._replace(w=w), own=_pad(w, f))
+    else:
+        st = st._replace(own=_mix(st.own, msg))
+        if msg.round == c.mixing_rounds:
+            h = ula_step_size(c, msg.iteration)
+            xi = numpy_rng(seed).standard_normal((k, d))
+            w = (st.own[:, :d] - h * m * pot.grad(st.agent.w)
+                 + np.sqrt(2.0 * h * m) * xi)
+            st = st._replace(agent=st.agent._replace(w=w), own=_pad(w, f))
+            evals = 1
+    return st, Up(st.own, st.agent.w, np.zeros(k), np.ones(k), evals, msg.iteration), {}
+
+
 def _next_phase(state: ServerState, setup) -> tuple[int, int, bool]:
     """``(phase, round, iteration complete)`` after the exchange ``state`` describes."""
     c = setup.config
+    if c.integrator == ULA:
+        if state.phase == START:
+            return MIX_ZA, 1, False
+        done = state.round == c.mixing_rounds
+        return MIX_ZA, 1 if done else state.round + 1, done
     flood = c.decision == "agree" and topology(setup).diameter > 0
     if state.phase == START:
         return MIX_ZA, 1, False
@@ -476,8 +516,10 @@ def _metrics(state: ServerState, setup) -> dict:
     var = pooled.var(axis=0) if pooled.shape[0] > 1 else None
     consensus = (float(np.mean(np.var(samples, axis=0) / np.where(var > 0, var, 1.0)))
                  if var is not None else float("nan"))
+    ula = setup.config.integrator == ULA  # no Metropolis test: no acceptance rate
     return {"iterations": int(state.iteration), "step_size": float(state.epsilon),
-            "acceptance_rate": float(np.mean(state.accepts)) if state.accepts else float("nan"),
+            "acceptance_rate": (float(np.mean(state.accepts)) if state.accepts and not ula
+                                else float("nan")),
             "disagreement_rate": (float(np.mean(state.disagreements))
                                   if state.disagreements else 0.0),
             "consensus_error": consensus, "exchanges": int(state.exchanges),
@@ -555,6 +597,16 @@ def _preset(**section):
     return preset
 
 
+def _ula_preset():
+    inner = _preset(integrator=ULA, adapt=False)
+
+    def preset(c):
+        if c.section.step_size == DHMCConfig.step_size:  # not set: ULA's own first step
+            c = c.with_section(step_size=ULA_STEP)
+        return inner(c)
+    return preset
+
+
 def _one_agent():
     inner = _preset(graph="complete", mixing_rounds=1)
 
@@ -568,6 +620,9 @@ PRESETS = {
                         "mixing, gradient tracking, one leapfrog step per iteration"),
     "centralized-hmc": (_one_agent(), "HMC with one leapfrog step on the pooled data (one agent): "
                                       "the decentralized sampler's reference at equal step"),
+    "decentralized-ula": (_ula_preset(),
+                          "decentralized unadjusted Langevin over the same graph (no test, "
+                          "decaying steps from dhmc.step-size): the paper's baseline"),
     "dmala": (_preset(integrator="euler", decision="local"),
               "the paper's decentralized MALA: one symplectic-Euler step (not reversible), each "
               "agent its own decision (a measured baseline)"),
