@@ -312,8 +312,8 @@ def run_in_process(config, output_dir: str | None = None, progress: bool = True)
             recorder.record(update, exp.bundle.posterior(state, exp.setup), log)
         recorder.finish()
     except RunStopped as err:
-        state = getattr(err, "state", None)
-        recorder.stop(err.reason, None if state is None else exp.bundle.posterior(state, exp.setup))
+        recorder.stop(err.reason,
+                      None if err.state is None else exp.bundle.posterior(err.state, exp.setup))
     except Interrupted:
         recorder.interrupt()
     with open(os.path.join(recorder.output_dir, "result.json")) as f:

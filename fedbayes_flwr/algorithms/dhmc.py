@@ -270,29 +270,15 @@ def _dims(setup) -> tuple[int, int, int]:
     return setup.config.num_chains, d, 2 * d + 1
 
 
-_POTENTIALS: dict = {}
-
-
 def local_potential(setup, data):
     """``U_i``: the agent's likelihood potential plus ``1/m`` of the prior's (cached by the
     rows' content)."""
-    import hashlib
+    from ..pdmp.potentials import cached, from_natural
 
-    from ..pdmp.potentials import Quadratic
-
-    digest = hashlib.blake2b(np.ascontiguousarray(data.x).tobytes(), digest_size=16)
-    if data.y is not None:
-        digest.update(np.ascontiguousarray(data.y).tobytes())
-    key = (id(setup.model), setup.num_clients, setup.prior.dim, digest.hexdigest())
-    if key not in _POTENTIALS:
-        if len(_POTENTIALS) > 256:
-            _POTENTIALS.clear()
-        prec = G.precision(setup.prior)
-        prec = np.diag(prec) if setup.prior.is_diag else prec
-        prior = Quadratic(prec, G.to_moments(setup.prior)[0])
-        _POTENTIALS[key] = H.LocalPotential(setup.model.pdmp_potential(data.x, data.y), prior,
-                                            setup.num_clients)
-    return _POTENTIALS[key]
+    def build():
+        return H.LocalPotential(setup.model.pdmp_potential(data.x, data.y),
+                                from_natural(setup.prior), setup.num_clients)
+    return cached(("dhmc", id(setup.model), setup.num_clients, setup.prior.dim), data, build)
 
 
 def initial_position(setup) -> np.ndarray:

@@ -49,7 +49,7 @@ import numpy as np
 from .. import gaussian as G
 from ..errors import ConfigError
 from ..pdmp import sampler as S
-from ..pdmp.potentials import Quadratic
+from ..pdmp.potentials import Quadratic, cached, from_natural
 from ..seeds import derive_seed, numpy_rng
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
 
@@ -203,10 +203,7 @@ def prior_potential(setup) -> Quadratic:
     d = setup.prior.dim
     if setup.config.flat_prior:
         return Quadratic(np.zeros((d, d)), np.zeros(d))
-    prec = G.precision(setup.prior)
-    prec = np.diag(prec) if setup.prior.is_diag else prec
-    mean = G.to_moments(setup.prior)[0]
-    return Quadratic(prec, mean)
+    return from_natural(setup.prior)
 
 
 def dp_rho(config: PDMCConfig, model, param_dim: int) -> float:
@@ -237,23 +234,10 @@ def dp_report(config: PDMCConfig, model, param_dim: int, releases: int) -> dict:
             "dp_epsilon_total": total.epsilon, "dp_delta_total": total.delta}
 
 
-_POTENTIALS: dict = {}
-
-
 def worker_potential(model, data):
     """``U_m`` of a worker's rows, cached by the rows' content (built once per worker, not once
     per event)."""
-    import hashlib
-
-    digest = hashlib.blake2b(np.ascontiguousarray(data.x).tobytes(), digest_size=16)
-    if data.y is not None:
-        digest.update(np.ascontiguousarray(data.y).tobytes())
-    key = (id(model), data.x.shape, digest.hexdigest())
-    if key not in _POTENTIALS:
-        if len(_POTENTIALS) > 256:
-            _POTENTIALS.clear()
-        _POTENTIALS[key] = model.pdmp_potential(data.x, data.y)
-    return _POTENTIALS[key]
+    return cached(("pdmc", id(model)), data, lambda: model.pdmp_potential(data.x, data.y))
 
 
 def _dp_data(data, config: PDMCConfig):

@@ -129,3 +129,32 @@ def gaussian_prior_potential(dim: int, variance: float | None) -> Quadratic:
     """``|x|^2 / (2 s^2)`` (``variance`` None: the flat prior, ``U_0 = 0``)."""
     scale = 0.0 if variance is None else 1.0 / variance
     return Quadratic(np.eye(dim) * scale, np.zeros(dim))
+
+
+def from_natural(natural) -> Quadratic:
+    """A Gaussian (:class:`fedbayes_flwr.gaussian.NaturalGaussian`, diagonal or full) as the
+    quadratic potential ``(x - mean)^T prec (x - mean) / 2``."""
+    from .. import gaussian as G
+
+    prec = G.precision(natural)
+    prec = np.diag(prec) if natural.is_diag else prec
+    return Quadratic(prec, G.to_moments(natural)[0])
+
+
+_CACHE: dict = {}
+
+
+def cached(key: tuple, data, build):
+    """``build()`` once per ``key`` and content of ``data.x`` / ``data.y`` (a worker's rows),
+    not once per event or iteration; the cache is cleared past 256 entries."""
+    import hashlib
+
+    digest = hashlib.blake2b(np.ascontiguousarray(data.x).tobytes(), digest_size=16)
+    if data.y is not None:
+        digest.update(np.ascontiguousarray(data.y).tobytes())
+    full = (*key, data.x.shape, digest.hexdigest())
+    if full not in _CACHE:
+        if len(_CACHE) > 256:
+            _CACHE.clear()
+        _CACHE[full] = build()
+    return _CACHE[full]
