@@ -132,6 +132,7 @@ def plot_curves(
     ylabel: str,
     title: str = "",
     hline: tuple[str, float] | None = None,
+    logy: bool = False,
 ) -> None:
     """Several named ``(x, y)`` curves on one axis, with an optional reference line.
 
@@ -147,6 +148,8 @@ def plot_curves(
         Axes title.
     hline : (str, float), optional
         Label and height of a horizontal reference line (e.g. an exact/centralised baseline).
+    logy : bool, optional
+        Logarithmic y axis.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -159,6 +162,8 @@ def plot_curves(
         ax.axhline(float(hline[1]), color="black", linestyle="--", label=hline[0])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)

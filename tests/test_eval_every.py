@@ -46,13 +46,15 @@ def test_eval_every_5_equals_eval_every_1_at_those_updates(tmp_path, case):
 
 
 def test_last_update_is_always_recorded(tmp_path):
-    result = run_in_process(parse_run_config({"model": "linear-regression", "dataset": "synthetic",
-                                              "num-clients": 3, "num-rounds": 7, "eval-every": 5,
+    # client-held factors (guard off): the free-energy query is the recorder's alone. With the
+    # server's step rule (the default) the candidate search runs every round, whatever eval-every.
+    legacy = {"model": "linear-regression", "dataset": "synthetic", "num-clients": 3,
+              "num-rounds": 7, "pvi.damping": 1.0, "pvi.guard": False}
+    result = run_in_process(parse_run_config({**legacy, "eval-every": 5,
                                               "output-dir": str(tmp_path)}), progress=False)
     assert [h["round"] for h in result["history"]] == [5, 7]
     # the free-energy query runs only before a record, so fewer bytes cross than recording each
-    one = run_in_process(parse_run_config({"model": "linear-regression", "dataset": "synthetic",
-                                           "num-clients": 3, "num-rounds": 7,
-                                           "output-dir": str(tmp_path / "one")}), progress=False)
+    one = run_in_process(parse_run_config({**legacy, "output-dir": str(tmp_path / "one")}),
+                         progress=False)
     train_up = sum(h["bytes_up"] for h in one["history"])
     assert result["history"][0]["bytes_up"] + result["history"][1]["bytes_up"] < train_up

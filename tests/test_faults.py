@@ -39,6 +39,7 @@ def test_rejected_client_keeps_its_old_factor():
 
     exp = build_experiment(parse_run_config({**BASE, "model": "linear-regression",
                                              "dataset": "synthetic", "damping": 1.0,
+                                             "guard": False,  # client-held factors
                                              "inject-fault": "nan@1:2"}))
     logs = list(iterate_in_process(exp, num_rounds=2))
     # round 2 lets client 2 add its (exact) factor once: the posterior is exact, not double-counted

@@ -140,7 +140,6 @@ def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
     from flwr.app import Context, Error, Message, RecordDict
 
     from clients.handler import handle
-    from fedbayes_flwr.algorithms.base import Request
     from fedbayes_flwr.config import parse_run_config
     from fedbayes_flwr.engine import RunStopped
     from fedbayes_flwr.experiment import build_experiment
@@ -150,8 +149,8 @@ def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
         client_exp = build_experiment(parse_run_config({}))  # clients.app's defaults: 10 clients
         server = PVIStrategy(client_exp.prior, num_clients=5, run_seed=0)
         server.nodes, server.partition_of = {0: 11}, {11: 0}
-        request = Request("train", server.bundle.requests(
-            server.state, server.setup, server._next_round(frozenset(range(5))))[0].message)
+        request = server.bundle.requests(
+            server.state, server.setup, server._next_round(frozenset(range(5))))[0]
         message = server._encode(None, 0, request, 1, 0)
         with pytest.raises(ValueError, match="experiment mismatch") as err:
             handle(client_exp, 0, message, Context(1, 11, {"partition-id": 0}, RecordDict(), {}))
@@ -159,7 +158,7 @@ def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
         reply = Message(Error(code=0, reason=f"ValueError: {err.value}"), reply_to=message)
         server._pending = {0: (request, 0)}
         with pytest.raises(RunStopped, match="num-clients: server 5, this client 10"):
-            server._decode(0, "train", reply)
+            server._decode(0, request.action, reply)
         # the same settings on both sides pass the check
         same = PVIStrategy(client_exp.prior, num_clients=10, run_seed=0,
                            config=client_exp.setup.config)

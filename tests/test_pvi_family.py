@@ -174,7 +174,8 @@ def test_async_applies_straggler_updates_on_arrival_not_at_a_barrier():
 def test_async_logistic_matches_synchronous_nll():
     keys = {"model": "logistic-regression", "dataset": "breast-cancer", "num-clients": 10,
             "partition": "dirichlet", "partition-alpha": 0.5, "local-optimiser": "fixed-point",
-            "fixed-point-iterations": 30, "local-damping": 0.5}
+            "fixed-point-iterations": 30, "local-damping": 0.5,
+            "pvi.damping": 0.5}  # the same fixed damping on both schedules (not auto)
     sync = build_experiment(parse_run_config({**keys, "num-rounds": 10}))
     # 400 updates: each straggler contributes ~10 damped updates (400 / (7 + 3/5) / 5)
     asyn = build_experiment(parse_run_config({**keys, "schedule": "asynchronous", "num-rounds": 400,
