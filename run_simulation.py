@@ -48,18 +48,48 @@ def parse_args(argv=None) -> argparse.Namespace:
         extra = f": one of {algorithms} (the registry)" if flag == "algorithm" else ""
         parser.add_argument(f"--{flag}", type=kind, default=None,
                             help=f"run-config key '{flag}'{extra}")
-    parser.add_argument("--engine", choices=("simulation", "in-process"), default="simulation",
-                        help="Flower's Simulation Engine (default) or the library alone")
+    parser.add_argument("--engine", choices=("simulation", "in-process", "deployment"),
+                        default="simulation",
+                        help="Flower's Simulation Engine (default), the library alone, or a "
+                             "Flower deployment on this machine (a SuperLink with TLS and "
+                             "SuperNode authentication, one SuperNode per partition)")
     parser.add_argument("--run-config", action="append", default=[],
                         help="space-separated key=value overrides in Flower's syntax; may be "
                              "repeated (merged in order, a later value wins)")
     parser.add_argument("--num-cpus-per-client", type=float, default=1.0,
                         help="Ray resources per simulated client (default 1)")
+    parser.add_argument("--num-gpus-per-client", type=float, default=0.0,
+                        help="Ray GPUs per simulated client, fractions allowed (default 0)")
+    parser.add_argument("--ray-address", metavar="HOST:PORT", default=None,
+                        help="attach the Simulation Engine to a running Ray cluster (the head's "
+                             "`ray start --head --port`); without it a private local Ray "
+                             "instance is started and RAY_ADDRESS is ignored")
     parser.add_argument("--optimise-prior", action="store_true",
                         help="learn prior-scale by maximising the free energy (run-config "
                              "optimise-prior=true); the learned value is reported")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
+    parser.add_argument("--resume", metavar="DIR", default=None,
+                        help="continue the run stored in DIR (its checkpoint.npz and own run "
+                             "config) up to --num-rounds updates in all; no other run-config "
+                             "flags")
     return parser.parse_args(argv)
+
+
+def resume_overrides(args: argparse.Namespace, ckpt) -> dict:
+    """The run config of ``--resume DIR``: the checkpoint's own, in DIR, with ``--num-rounds``;
+    raises ConfigError when other run-config flags are given (the stored run defines them)."""
+    from fedbayes_flwr.config import ConfigError
+
+    given = [f"--{flag}" for flag in FLAGS if flag != "num-rounds"
+             and getattr(args, flag.replace("-", "_")) is not None]
+    given += ["--run-config"] * bool(args.run_config) + ["--optimise-prior"] * args.optimise_prior
+    if given:
+        raise ConfigError(f"--resume continues the stored run with its own config: drop "
+                          f"{', '.join(given)} (only --num-rounds may change)")
+    overrides = {**ckpt.run_config, "output-dir": os.path.abspath(args.resume)}
+    if args.num_rounds is not None:
+        overrides["num-rounds"] = args.num_rounds
+    return overrides
 
 
 def build_overrides(args: argparse.Namespace) -> dict:
@@ -118,6 +148,61 @@ def check_output_dir(path: str) -> None:
         raise ConfigError(f"output-dir {path!r}: {probe!r} is a file, not a directory")
 
 
+RAY_CONNECT_TIMEOUT_S = 5.0  # a head on the local network answers in milliseconds
+
+
+def check_ray_address(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Raise ConfigError unless ``address`` is HOST:PORT of a Ray head that answers within
+    ``timeout`` seconds.
+
+    The probe asks the head's GCS for its cluster id (one gRPC call, the first thing
+    ``ray.init`` does). Without it a wrong address costs minutes: ``ray.init`` retries for a
+    minute inside Flower's engine thread while the ServerApp waits for clients (node-timeout),
+    and a bare TCP check is fooled by anything listening there.
+    """
+    import grpc
+    from ray._private.ray_constants import GLOBAL_GRPC_OPTIONS
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    from fedbayes_flwr.config import ConfigError
+
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--ray-address {address!r}: expected HOST:PORT of a Ray head (the "
+                          f"--port of `ray start --head`), e.g. 192.168.1.10:6379")
+    try:
+        with grpc.insecure_channel(address, options=GLOBAL_GRPC_OPTIONS) as channel:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout)
+    except grpc.RpcError as err:
+        code = err.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            why = "nothing answers there"
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            why = f"no answer within {timeout:g} s"
+        else:
+            why = "something answers there but it is not a Ray head"
+        detail = " ".join(str(err.details()).split())[:200]
+        raise ConfigError(f"--ray-address {address!r}: {why} ({detail}); start a head with "
+                          f"`ray start --head --port {port}` or check the address") from None
+
+
+def ray_backend_config(num_cpus: float, num_gpus: float = 0.0,
+                       ray_address: str | None = None) -> dict:
+    """Flower's ``backend_config`` for the Ray backend.
+
+    With ``ray_address`` the engine attaches to that running cluster (``ray.init(address=...)``;
+    Ray refuses ``num_cpus``/``num_gpus`` in ``init_args`` then: the cluster's nodes declare their
+    own). Without it, ``address="local"`` makes Ray start a private instance even when
+    ``RAY_ADDRESS`` is set or a ``ray start`` head runs on this machine (plain ``ray.init()``
+    would silently attach to either).
+    """
+    init_args = {"logging_level": "ERROR", "log_to_driver": True,
+                 "address": ray_address if ray_address is not None else "local"}
+    return {"client_resources": {"num_cpus": num_cpus, "num_gpus": num_gpus},
+            "init_args": init_args}
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
@@ -140,7 +225,9 @@ def _silenced_stderr_fd():
         os.close(devnull)
 
 
-def main(argv=None) -> int:
+def main(argv=None, reap: bool = False) -> int:
+    """The CLI. ``reap`` (the script entry point) starts
+    :func:`fedbayes_flwr.processes.start_reaper` for the engines that start processes."""
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. the rows held out of a file without x_test
@@ -152,24 +239,46 @@ def main(argv=None) -> int:
     from fedbayes_flwr.experiment import build_experiment
 
     try:
-        overrides = build_overrides(args)
+        ckpt = None
+        if args.resume:
+            from fedbayes_flwr.checkpoint import load as load_checkpoint
+
+            ckpt = load_checkpoint(args.resume)
+        overrides = resume_overrides(args, ckpt) if ckpt else build_overrides(args)
         config = parse_run_config(overrides)
         check_output_dir(os.path.abspath(config.output_dir))
         overrides["output-dir"] = os.path.abspath(config.output_dir)
         config = config.replace(output_dir=overrides["output-dir"])
         exp = build_experiment(config)
+        if args.ray_address is not None and args.engine == "simulation":
+            check_ray_address(args.ray_address)
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.engine != "simulation":
+        for flag, value, default in (("--ray-address", args.ray_address, None),
+                                     ("--num-gpus-per-client", args.num_gpus_per_client, 0.0)):
+            if value != default:
+                print(f"warning: {flag} is ignored with --engine {args.engine}", file=sys.stderr)
 
+    if reap and args.engine != "in-process":
+        from fedbayes_flwr.processes import start_reaper
+
+        start_reaper()
     with _stop_on_first_ctrl_c():
         if args.engine == "in-process":
             from fedbayes_flwr.engine import run_in_process
 
-            run_in_process(config, progress=not args.quiet)
+            run_in_process(config, progress=not args.quiet, resume=ckpt)
+        elif args.engine == "deployment":
+            code = run_deployment(config, ckpt, progress=not args.quiet)
+            if code is not None:
+                return code
         else:
             run_flower_simulation(overrides, exp.num_clients, args.num_cpus_per_client,
-                                  progress=not args.quiet)
+                                  progress=not args.quiet, num_gpus=args.num_gpus_per_client,
+                                  ray_address=args.ray_address,
+                                  resume_dir=args.resume and os.path.abspath(args.resume))
     result_file = os.path.join(config.output_dir, "result.json")
     if not os.path.exists(result_file):
         print(f"error: the run wrote no {result_file} (see the log above)", file=sys.stderr)
@@ -214,9 +323,44 @@ def quiet_flower_logs() -> None:
     logging.getLogger("flwr").addFilter(_DropDeprecationNotice())
 
 
+def run_deployment(config, checkpoint=None, progress: bool = True) -> int | None:
+    """Run ``config`` on a one-machine Flower deployment (:mod:`fedbayes_flwr.deploy`): None
+    when the run left a result to report, else the exit status (the reason is printed)."""
+    from fedbayes_flwr import deploy as deployment
+
+    if checkpoint is not None:
+        print("error: --resume is not supported with --engine deployment", file=sys.stderr)
+        return 2
+    from fedbayes_flwr.engine import Interrupted
+
+    try:
+        deployment.run_deployment(config.to_run_config(), progress=progress)
+    except Interrupted:  # Ctrl-C: the run was stopped and every process with it
+        if os.path.exists(os.path.join(config.output_dir, "result.json")):
+            return None  # marked interrupted: reported below
+        print("interrupted before the first update", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except deployment.DeploymentError as err:
+        print(f"error: {err}", file=sys.stderr)
+        try:
+            with open(os.path.join(config.output_dir, "result.json")) as f:
+                finished = json.load(f).get("outcome") not in (None, "running")
+        except (OSError, ValueError):
+            finished = False
+        return None if finished else 1  # a recorded outcome (e.g. failed) has its own status
+    return None
+
+
 def run_flower_simulation(overrides: dict, num_clients: int, num_cpus: float,
-                          progress: bool = True) -> None:
-    """Run the ServerApp and ClientApps in Flower's Simulation Engine (Ray)."""
+                          progress: bool = True, num_gpus: float = 0.0,
+                          ray_address: str | None = None, resume_dir: str | None = None) -> None:
+    """Run the ServerApp and ClientApps in Flower's Simulation Engine (Ray): a private local Ray
+    instance, or the running cluster at ``ray_address`` (see :func:`ray_backend_config`)."""
+    if ray_address is None and os.environ.get("RAY_ADDRESS"):
+        # a stray RAY_ADDRESS would silently move the run onto some other cluster
+        print(f"warning: RAY_ADDRESS={os.environ.pop('RAY_ADDRESS')} is ignored (and unset): "
+              "this run starts its own Ray instance; use --ray-address to attach to a cluster",
+              file=sys.stderr)
     # Ray colours the "(pid=...)" prefix of forwarded actor lines: not in a log file
     os.environ.setdefault("RAY_COLOR_PREFIX", "1" if sys.stderr.isatty() else "0")
     from flwr.simulation import run_simulation
@@ -231,13 +375,12 @@ def run_flower_simulation(overrides: dict, num_clients: int, num_cpus: float,
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     run_simulation(
-        server_app=make_server_app(overrides, "simulation", progress),
+        server_app=make_server_app(overrides, "simulation", progress, resume_dir),
         client_app=make_client_app(overrides),
         num_supernodes=num_clients,
-        backend_config={"client_resources": {"num_cpus": num_cpus, "num_gpus": 0.0},
-                        "init_args": {"logging_level": "ERROR", "log_to_driver": True}},
+        backend_config=ray_backend_config(num_cpus, num_gpus, ray_address),
     )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(reap=True))

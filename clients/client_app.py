@@ -8,9 +8,25 @@
 
 ``app`` reads its settings from Flower's run config (``flwr run``); :func:`make_client_app` bakes
 explicit settings in, for ``flwr.simulation.run_simulation`` whose run config is empty.
+
+Node config (``flower-supernode --node-config``): ``partition-id``, ``num-partitions``, and the
+node-local ``data`` (its own data file), ``client-delay`` and ``cache-dir`` (a directory where the
+node keeps its prepared partition between messages: :mod:`fedbayes_flwr.partition_cache`; a
+deployed ClientApp is a new process per message). With ``FEDBAYES_TIMING_LOG`` set in the
+SuperNode's environment, each message appends one JSON line of timestamps there (process start,
+app import, data ready, reply ready: ``benchmarks/deployment_split.py``).
 """
 
+# ruff: noqa: E402  (the imports follow _IMPORT_START on purpose: their cost is measured)
 from __future__ import annotations
+
+import time
+
+_IMPORT_START = time.time()
+
+import json
+import os
+import sys
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -45,13 +61,18 @@ class BundleClientApp(ClientApp):
     def _values(self, context: Context) -> dict:
         return {**dict(context.run_config), **self.overrides}
 
-    def experiment(self, context: Context) -> Experiment:
+    def experiment(self, context: Context, partition_id: int | None = None) -> Experiment:
         config = parse_run_config(self._values(context))
         # Node-local data path (deployment): a SuperNode may point at its own file.
         if "data" in context.node_config:
             config = config.replace(data=str(context.node_config["data"]))
         if "client-delay" in context.node_config:  # a real device's own simulated slowness
             config = config.replace(client_delay=float(context.node_config["client-delay"]))
+        cache_dir = str(context.node_config.get("cache-dir", ""))
+        if cache_dir and partition_id is not None:  # prepared once per node, then loaded
+            from fedbayes_flwr.partition_cache import client_experiment
+
+            return client_experiment(config, partition_id, os.path.expanduser(cache_dir))
         return build_experiment(config)
 
     @staticmethod
@@ -64,7 +85,14 @@ class BundleClientApp(ClientApp):
         return Message(RecordDict({"config": ConfigRecord(record)}), reply_to=message)
 
     def _handler(self, message: Message, context: Context) -> Message:
-        return handle(self.experiment(context), _partition_id(context), message, context)
+        start = time.time()
+        partition_id = _partition_id(context)
+        exp = self.experiment(context, partition_id)
+        ready = time.time()
+        reply = handle(exp, partition_id, message, context)
+        if os.environ.get(TIMING_LOG):
+            _log_timing(message, partition_id, getattr(self, "_call_start", start), start, ready)
+        return reply
 
     def _register(self) -> None:
         for name in registry.bundles():
@@ -73,9 +101,38 @@ class BundleClientApp(ClientApp):
                     getattr(self, category)(name)(self._handler)
 
     def __call__(self, message: Message, context: Context) -> Message:
+        self._call_start = time.time()
         registry.load_modules(str(self._values(context).get("algorithm-modules", "")))
         self._register()
         return super().__call__(message, context)
+
+
+TIMING_LOG = "FEDBAYES_TIMING_LOG"
+
+
+def _process_start() -> float | None:
+    """This process's start time (Linux ``/proc``), seconds since the epoch."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _log_timing(message: Message, partition_id: int, call: float, start: float,
+                ready: float) -> None:
+    """Append this message's timestamps to ``$FEDBAYES_TIMING_LOG`` (one JSON line)."""
+    envelope = message.content.config_records.get("config") or {}
+    row = {"pid": os.getpid(), "partition": partition_id, "type": message.metadata.message_type,
+           "action": str(envelope.get("action", "")), "round": int(envelope.get("round", 0)),
+           "process_start": _process_start(), "import_start": _IMPORT_START,
+           "import_end": _IMPORT_END, "call_start": call, "handler_start": start, "data_ready": ready,
+           "reply_ready": time.time(), "tensorflow": "tensorflow" in sys.modules}
+    with open(os.environ[TIMING_LOG], "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def make_client_app(overrides: dict | None = None) -> ClientApp:
@@ -84,3 +141,4 @@ def make_client_app(overrides: dict | None = None) -> ClientApp:
 
 
 app = make_client_app()
+_IMPORT_END = time.time()

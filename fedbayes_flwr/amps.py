@@ -51,7 +51,6 @@ import math
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from . import expfam
 
@@ -212,6 +211,8 @@ def _bipartite_search(prior, posteriors, symmetric, perms, naive, tol, max_sweep
                                                    symmetric)
             # an assignment leaving the domain (NaN) is never chosen over a valid one
             weights = np.where(np.isfinite(weights), weights, -1e300)
+            from scipy.optimize import linear_sum_assignment  # lazy: deployed nodes import
+
             rows, cols = linear_sum_assignment(weights, maximize=True)
             new = cols[np.argsort(rows)]
             candidate = expfam.combine([rest, expfam.permute(post, new, symmetric)], [1.0, 1.0])
@@ -271,6 +272,8 @@ def matched_error(estimate: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, 
     if estimate.shape != truth.shape:
         raise ValueError(f"estimate {estimate.shape} and truth {truth.shape} differ in shape")
     cost = np.linalg.norm(truth[:, None, :] - estimate[None, :, :], axis=-1)
+    from scipy.optimize import linear_sum_assignment
+
     rows, cols = linear_sum_assignment(cost)
     perm = cols[np.argsort(rows)]
     return cost[np.arange(len(truth)), perm], perm

@@ -16,6 +16,8 @@ without touching server state. ``decode(encode(m)) == m`` exactly (float64 bits 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
@@ -110,7 +112,7 @@ def decode(content: RecordDict, kind: str, template, allow_inf: frozenset | tupl
     if arrays is None or config is None:
         raise CodecError(kind, "message lacks its 'arrays' or 'config' record")
     version = config.get("schema-version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:  # True and 1.0 equal 1
         raise CodecError("schema-version", f"got {version!r}, expected {SCHEMA_VERSION}")
     try:
         message = _rebuild(template, kind, arrays, config)
@@ -123,9 +125,19 @@ def decode(content: RecordDict, kind: str, template, allow_inf: frozenset | tupl
 
 
 def received_nbytes(content: RecordDict) -> int:
-    """Array payload bytes of a received record dict, decodable or not."""
-    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
-               for record in content.array_records.values() for a in record.values())
+    """Array payload bytes of a received record dict, decodable or not.
+
+    An array's declared ``shape`` and ``dtype`` are the sender's word: when they name no dtype
+    or more bytes than arrived, the bytes that arrived are counted instead (never raises)."""
+    return sum(_nbytes(a) for record in content.array_records.values() for a in record.values())
+
+
+def _nbytes(array: Array) -> int:
+    try:
+        declared = math.prod(int(n) for n in array.shape) * np.dtype(array.dtype).itemsize
+    except (TypeError, ValueError, OverflowError):  # e.g. dtype '' or 'garbage'
+        declared = -1
+    return declared if 0 <= declared <= len(array.data) else len(array.data)
 
 
 def config_of(content: RecordDict) -> ConfigRecord:

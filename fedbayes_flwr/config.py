@@ -27,9 +27,11 @@ from .algorithms import registry
 from .errors import ConfigError
 
 __all__ = ["ConfigError", "RunConfig", "KEYS", "parse_run_config", "parse_override_string",
-           "parse_fault", "straggler_ids", "section_items", "section_keys", "FAULT_KINDS"]
+           "parse_fault", "parse_faults", "straggler_ids", "section_items", "section_keys",
+           "FAULT_KINDS"]
 
-FAULT_KINDS = ("nan", "negative-precision", "error", "drop")
+# one-shot kinds hit one train reply (first attempt); raise-always and hang last from ROUND on
+FAULT_KINDS = ("nan", "negative-precision", "error", "drop", "garbage", "raise-always", "hang")
 # Float keys where infinity is meaningful: "no limit" (as is 0).
 UNLIMITED_OK = ("max-seconds", "node-timeout")
 
@@ -63,6 +65,7 @@ class RunConfig:
     max_seconds: float = 0.0
     max_retries: int = 2
     node_timeout: float = 600.0
+    round_timeout: float = 600.0
     inject_fault: str = ""
     client_delay: float = 0.0
     stragglers: str = ""
@@ -149,6 +152,7 @@ def parse_run_config(values: dict | None = None, base: RunConfig | None = None) 
     bundle = entry.bundle
     config_class = bundle.config_class
     section = base.section if isinstance(base.section, config_class) else config_class()
+    defaults = config_class()
     others = registry.bundles()
     common, section_changes = {}, {}
     for key, value in values.items():
@@ -165,7 +169,7 @@ def parse_run_config(values: dict | None = None, base: RunConfig | None = None) 
             raise _unknown(key, bundle.name, config_class)
         name = sub.replace("-", "_")
         section_changes[name] = _coerce(key if prefix else f"{bundle.name}.{sub}", value,
-                                        getattr(section, name))
+                                        getattr(defaults, name))  # the declared kind
     section = dataclasses.replace(section, **section_changes)
     config = base.replace(**common, section=section)
     validate(config)
@@ -216,8 +220,14 @@ def parse_override_string(text: str) -> dict:
     return out
 
 
+def parse_faults(text: str) -> tuple[tuple[str, int, int], ...]:
+    """``inject-fault`` = comma-separated ``KIND@ROUND:PARTITION`` specs (testing hook) ->
+    ``((kind, round, partition), ...)``."""
+    return tuple(parse_fault(item) for item in text.replace(" ", "").split(",") if item)
+
+
 def parse_fault(text: str) -> tuple[str, int, int] | None:
-    """``inject-fault`` = ``KIND@ROUND:PARTITION`` (testing hook) -> ``(kind, round, partition)``."""
+    """One ``KIND@ROUND:PARTITION`` spec (testing hook) -> ``(kind, round, partition)``."""
     if not text:
         return None
     try:
@@ -262,6 +272,7 @@ def validate(c: RunConfig) -> None:
          f"must be >= 0 (0 or inf = no limit), got {c.max_seconds}")
     need(c.max_retries >= 0, "max-retries", f"must be >= 0, got {c.max_retries}")
     need(c.node_timeout > 0, "node-timeout", f"must be > 0 seconds, got {c.node_timeout}")
+    need(c.round_timeout > 0, "round-timeout", f"must be > 0 seconds, got {c.round_timeout}")
     need(c.client_delay >= 0, "client-delay", f"must be >= 0, got {c.client_delay}")
     need(c.straggler_factor >= 1, "straggler-factor", f"must be >= 1, got {c.straggler_factor}")
     bad = [k for k in straggler_ids(c) if not 0 <= k < c.num_clients]
@@ -269,7 +280,10 @@ def validate(c: RunConfig) -> None:
     need(c.partition_alpha > 0, "partition-alpha", f"must be > 0, got {c.partition_alpha}")
     need(c.partition_classes >= 1, "partition-classes", f"must be >= 1, got {c.partition_classes}")
     need(0 < c.test_fraction < 1, "test-fraction", f"must be in (0, 1), got {c.test_fraction}")
-    parse_fault(c.inject_fault)
+    bad = [f"{k}@{r}:{p}" for k, r, p in parse_faults(c.inject_fault)
+           if not 0 <= p < c.num_clients or r < 1]
+    need(not bad, "inject-fault", f"{', '.join(bad)}: needs ROUND >= 1 and a PARTITION in "
+         f"0..{c.num_clients - 1}")
     try:
         parse_hidden(c.hidden_layers)
     except ValueError as err:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from .algorithms.base import Rejection, Round, client_seed, round_seed
 from .experiment import Experiment, build_experiment, payload_nbytes
-from .faults import InjectedFault, active_fault, client_durations, corrupt
+from .faults import RAISED, InjectedFault, active_fault, client_durations, corrupt
 from .validation import check_message
 
 _STOP = threading.Event()
@@ -121,12 +121,14 @@ def eval_point(update: int, eval_every: int, num_updates: int) -> bool:
 def client_work(exp: Experiment, state, partition_id: int, request, number: int, attempt: int = 0):
     """One client's step for ``request`` (update ``number``): ``(client_state, reply)``.
 
-    Applies ``inject-fault``: raises :class:`InjectedFault` for ``error``/``drop``; corrupts the
-    reply for the other kinds (the client state is kept, as a real faulty client would).
+    Applies ``inject-fault``: raises :class:`InjectedFault` for ``error``, ``drop``,
+    ``raise-always`` and ``hang`` (the Flower handler sleeps on ``hang`` before raising);
+    corrupts the reply for the other kinds (the client state is kept, as a real faulty client
+    would).
     """
     spec = exp.actions[request.action]
     fault = active_fault(exp.config, number, partition_id, spec.category, attempt)
-    if fault in ("error", "drop"):
+    if fault in RAISED:
         raise InjectedFault(fault)
     seed = client_seed(exp.config.seed, exp.bundle.name, request.action, number, partition_id,
                        attempt)
@@ -147,22 +149,40 @@ def judge(bundle, setup, actions, server_state, partition_id: int, action: str, 
     return reply if problem is None else Rejection(partition_id, *problem)
 
 
+def timed_out(partition_id: int, timeout: float) -> Rejection:
+    """The :class:`Rejection` of a request with no reply within ``round-timeout``: the engine
+    then marks the partition dead (no further messages this run). Both engines use it."""
+    return Rejection(partition_id, "reply", f"no reply within round-timeout ({timeout:g} s)")
+
+
+def not_sent(partition_id: int) -> Rejection:
+    """The :class:`Rejection` standing for a request to a dead partition (never sent)."""
+    return Rejection(partition_id, "reply", "timed out earlier in this run; not sent")
+
+
 class _InProcess:
-    """Client states and the client side of the in-process engine."""
+    """Client states and the client side of the in-process engine; ``dead``: partitions that
+    timed out (``hang``), which get no further requests."""
 
     def __init__(self, exp: Experiment):
         self.exp = exp
         self.clients = {pid: exp.bundle.init_client(exp.setup, pid) for pid in range(exp.num_clients)}
+        self.dead: set[int] = set()
 
     def reply(self, server_state, pid: int, request, number: int, attempt: int, tally: Tally,
               judged: bool = True):
         """The client's reply (or Rejection); ``judged`` validates it against ``server_state``
         now (barrier), else the caller judges it against the state it lands on (arrival)."""
+        if pid in self.dead:
+            return not_sent(pid)
         tally.down += payload_nbytes(request.message)
         try:
             self.clients[pid], reply = client_work(self.exp, self.clients[pid], pid, request,
                                                    number, attempt)
         except InjectedFault as err:
+            if err.kind == "hang":  # the reply that never comes: the timeout, without waiting
+                self.dead.add(pid)
+                return timed_out(pid, self.exp.config.round_timeout)
             return Rejection(pid, "reply", f"client failed ({err.kind})")
         tally.up += payload_nbytes(reply)
         if not judged:
@@ -171,25 +191,51 @@ class _InProcess:
         return judge(exp.bundle, exp.setup, exp.actions, server_state, pid, request.action, reply)
 
 
-def iterate_in_process(exp: Experiment, num_rounds: int | None = None):
+def iterate_in_process(exp: Experiment, num_rounds: int | None = None, *, resume=None,
+                       on_record=None):
     """Yield ``(update, server_state, RoundLog)`` at every evaluation point of the run.
 
-    ``num_rounds`` overrides ``num-rounds`` (the number of server updates).
+    ``num_rounds`` overrides ``num-rounds`` (the number of server updates). ``resume`` (a
+    :class:`fedbayes_flwr.checkpoint.Checkpoint`) continues a stored run from its update, server
+    and client states. ``on_record(update, server_state, client_states, virtual_time)`` is
+    called once the caller has handled each yielded row (the checkpoint hook), before the
+    engine goes on or returns.
     """
     num_updates = num_rounds or exp.config.num_rounds
     if exp.bundle.mode(exp.setup.config) == "apply-on-arrival":
-        yield from _iterate_on_arrival(exp, num_updates)
+        yield from _iterate_on_arrival(exp, num_updates, resume, on_record)
     else:
-        yield from _iterate_barrier(exp, num_updates)
+        yield from _iterate_barrier(exp, num_updates, resume, on_record)
 
 
-def _iterate_barrier(exp: Experiment, num_updates: int):
-    bundle, setup, config = exp.bundle, exp.setup, exp.config
-    state = bundle.init_server(setup)
+def _start(exp: Experiment, resume):
+    """``(server_state, client side, update)`` of a fresh run or of the checkpoint ``resume``."""
     side = _InProcess(exp)
+    if resume is None:
+        return exp.bundle.init_server(exp.setup), side, 0
+    if len(resume.client_states) != exp.num_clients:
+        from .checkpoint import CheckpointError
+
+        raise CheckpointError(f"resume: the checkpoint holds {len(resume.client_states)} client "
+                              f"states, the run has {exp.num_clients} partitions")
+    side.clients = dict(enumerate(resume.client_states))
+    return resume.server_state, side, resume.update
+
+
+def _checkpoint(on_record, update, state, side, virtual_time=None) -> None:
+    if on_record is not None:
+        on_record(update, state, tuple(side.clients[p] for p in sorted(side.clients)),
+                  virtual_time)
+
+
+def _iterate_barrier(exp: Experiment, num_updates: int, resume=None, on_record=None):
+    bundle, setup, config = exp.bundle, exp.setup, exp.config
+    state, side, update = _start(exp, resume)
     everyone = frozenset(range(exp.num_clients))
     tally, t0 = Tally(), time.perf_counter()
-    update, step, settled, recorded = 0, 0, True, 0
+    step, settled, recorded = 0, True, update
+    if update >= num_updates:  # resumed at (or past) the requested number of updates
+        return
     while True:
         check_stop()
         number = update + 1 if settled else update
@@ -214,6 +260,7 @@ def _iterate_barrier(exp: Experiment, num_updates: int):
         if eval_point(update, config.eval_every, num_updates) or finished:
             outcome, recorded = _outcome(exp, state, t0, finished), update
             yield update, state, tally.log()._replace(outcome=outcome)
+            _checkpoint(on_record, update, state, side)
             if outcome is not None:
                 return
 
@@ -225,22 +272,27 @@ def _apply_policy(exp, state, side, requests, replies, number, tally):
     policy = exp.bundle.failure_policy
     if policy in ("retry", "retry-stop"):
         for attempt in range(1, exp.config.max_retries + 1):
-            failed = [pid for pid, r in replies.items() if isinstance(r, Rejection)]
+            failed = [pid for pid, r in replies.items()
+                      if isinstance(r, Rejection) and pid not in side.dead]  # dead: never again
             tally.retried += len(failed)
             for pid in failed:
                 replies[pid] = side.reply(state, pid, requests[pid], number, attempt, tally)
     if policy in ("stop", "retry-stop"):
-        stop_on_failure(exp.bundle.name, number, replies)
+        retries = exp.config.max_retries if policy == "retry-stop" else 0
+        stop_on_failure(exp.bundle.name, number, replies, retries, side.dead)
     return replies
 
 
-def stop_on_failure(bundle_name: str, number: int, replies: dict) -> None:
-    """Raise :class:`RunStopped` naming the first failed partition, if any (``stop`` policy)."""
+def stop_on_failure(bundle_name: str, number: int, replies: dict, retries: int = 0,
+                    dead=frozenset()) -> None:
+    """Raise :class:`RunStopped` naming the first failed partition, if any (``stop`` policy);
+    ``retries``: re-sends made to each failed partition that is not ``dead`` (timed out)."""
     failed = [r for r in replies.values() if isinstance(r, Rejection)]
     if failed:
         r = failed[0]
+        after = f" after {retries} retries" if retries and r.partition_id not in dead else ""
         raise RunStopped(f"update {number}: partition {r.partition_id} failed ({r.field}: "
-                         f"{r.reason}); the {bundle_name} bundle stops on failures")
+                         f"{r.reason}){after}; the {bundle_name} bundle stops on failures")
 
 
 def outcome(bundle, setup, state, finished: bool, elapsed_s: float,
@@ -261,15 +313,16 @@ def _outcome(exp, state, t0, finished) -> str | None:
                    exp.config.max_seconds)
 
 
-def _iterate_on_arrival(exp: Experiment, num_updates: int):
+def _iterate_on_arrival(exp: Experiment, num_updates: int, resume=None, on_record=None):
     bundle, setup, config = exp.bundle, exp.setup, exp.config
     durations = client_durations(config, exp.num_clients)
-    state = bundle.init_server(setup)
-    side = _InProcess(exp)
+    state, side, update = _start(exp, resume)
     tally, t0 = Tally(), time.perf_counter()
-    idle = set(range(exp.num_clients))
+    idle = set(range(exp.num_clients))  # a resumed run restarts with every client idle
     queue: list = []
-    update, now = 0, 0.0
+    now = float((resume.counters.get("virtual_time") or 0.0) if resume else 0.0)
+    if update >= num_updates:
+        return
     while True:
         check_stop()
         number = update + 1
@@ -280,9 +333,15 @@ def _iterate_on_arrival(exp: Experiment, num_updates: int):
             heapq.heappush(queue, (now + durations[pid], pid, req.action, reply))
             idle.discard(pid)
         if not queue:
+            if side.dead:
+                err = RunStopped(f"update {number}: no partition left to ask (partitions "
+                                 f"{sorted(side.dead)} timed out)")
+                err.state = state
+                raise err
             raise RuntimeError(f"bundle {bundle.name!r} sent no request with every client idle")
         now, pid, action, reply = heapq.heappop(queue)
-        idle.add(pid)
+        if pid not in side.dead:  # a timed-out partition never becomes idle again
+            idle.add(pid)
         if not isinstance(reply, Rejection):  # judged against the state it lands on, as in Flower
             reply = judge(bundle, setup, exp.actions, state, pid, action, reply)
         state, info = bundle.server_step(state, [(pid, reply)], setup, rnd)
@@ -294,21 +353,34 @@ def _iterate_on_arrival(exp: Experiment, num_updates: int):
         if eval_point(update, config.eval_every, num_updates) or finished:
             outcome = _outcome(exp, state, t0, finished)
             yield update, state, tally.log(float(now))._replace(outcome=outcome)
+            _checkpoint(on_record, update, state, side, float(now))
             if outcome is not None:
                 return
 
 
-def run_in_process(config, output_dir: str | None = None, progress: bool = True) -> dict:
+def run_in_process(config, output_dir: str | None = None, progress: bool = True,
+                   resume=None) -> dict:
     """Run any registered algorithm without Flower; same seeds, same maths, same result files.
 
-    Returns the ``result.json`` content.
+    A checkpoint is written after every history row; ``resume`` (a
+    :class:`fedbayes_flwr.checkpoint.Checkpoint`) continues the run it stores, up to
+    ``config.num_rounds`` updates in all. Returns the ``result.json`` content.
     """
+    from .checkpoint import check_fits
     from .recorder import Recorder
 
     exp = build_experiment(config)
-    recorder = Recorder(exp, "in-process", output_dir, progress)
+    posterior = None
+    if resume is not None:
+        check_fits(resume, exp.bundle.name, exp.bundle.init_server(exp.setup))
+        posterior = exp.bundle.posterior(resume.server_state, exp.setup)
+    recorder = Recorder(exp, "in-process", output_dir, progress, resume, posterior)
+
+    def on_record(update, state, clients, virtual_time):
+        recorder.checkpoint(update, state, clients, virtual_time=virtual_time)
+
     try:
-        for update, state, log in iterate_in_process(exp):
+        for update, state, log in iterate_in_process(exp, resume=resume, on_record=on_record):
             recorder.record(update, exp.bundle.posterior(state, exp.setup), log)
         recorder.finish()
     except RunStopped as err:

@@ -50,7 +50,7 @@ def build_experiment(config: RunConfig) -> Experiment:
     One client (``num-clients = 1``, e.g. ``global-vi``) holds every training row in order.
     """
     registry.load_modules(config.algorithm_modules)
-    bundle = registry.get(config.algorithm).bundle
+    registry.get(config.algorithm)  # an unknown name fails before any data is loaded
     cls = model_class(config.model)
     dataset = load_dataset(config.dataset, cls.target, synthetic=cls.synthetic, seed=config.seed,
                            test_fraction=config.test_fraction, data_file=config.data,
@@ -62,12 +62,21 @@ def build_experiment(config: RunConfig) -> Experiment:
         partitions = tuple(partition_indices(
             dataset, config.num_clients, config.partition, alpha=config.partition_alpha,
             classes_per_client=config.partition_classes, seed=config.seed))
-    model = make_model(config.model, config.noise_scale, parse_hidden(config.hidden_layers),
-                       num_classes(dataset))
-    check = getattr(model, "check_data", None)  # structured models: e.g. LDA needs counts
+    exp = assemble(config, dataset, partitions, num_classes(dataset))
+    check = getattr(exp.model, "check_data", None)  # structured models: e.g. LDA needs counts
     reason = check(dataset.x_train) if check else None
     if reason:
         raise DataError(f"dataset {dataset.name!r}: {reason}")
+    return exp
+
+
+def assemble(config: RunConfig, dataset: Dataset, partitions: tuple[np.ndarray, ...],
+             classes: int) -> Experiment:
+    """The model, prior and :class:`Setup` of ``config`` over loaded, partitioned data (a
+    node's cached partition too: :mod:`fedbayes_flwr.partition_cache`)."""
+    bundle = registry.get(config.algorithm).bundle
+    model = make_model(config.model, config.noise_scale, parse_hidden(config.hidden_layers),
+                       classes)
     num_features = dataset.x_train.shape[1]
     diag = bundle.prior_diag(config.section, model)
     prior = model.prior(num_features, config.prior_scale, diag)
@@ -77,11 +86,22 @@ def build_experiment(config: RunConfig) -> Experiment:
 
 
 def num_classes(dataset: Dataset) -> int:
-    """Number of classes of integer-labelled data (1 for regression / no labels)."""
+    """Number of classes of integer-labelled data (1 for regression / no labels).
+
+    Labels number the classes ``0..K-1``. More classes than labelled rows (train and test),
+    i.e. classes with no example anywhere, is a labelling mistake (a missing-value code such as
+    999999 among the labels) and raises :class:`DataError` instead of building a model with
+    ``K`` outputs (gigabytes of parameters, or a MemoryError)."""
     y = dataset.y_train
     if y is None or not np.issubdtype(y.dtype, np.integer):
         return 1
-    return int(max(y.max(), dataset.y_test.max() if dataset.y_test is not None else 0)) + 1
+    classes = int(max(y.max(), dataset.y_test.max() if dataset.y_test is not None else 0)) + 1
+    rows = y.size + (0 if dataset.y_test is None else dataset.y_test.size)
+    if classes > max(rows, 2):
+        raise DataError(f"dataset {dataset.name!r}: labels run up to {classes - 1}, i.e. "
+                        f"{classes} classes for {rows} labelled rows; class labels must number "
+                        f"the classes 0..K-1")
+    return classes
 
 
 def payload_nbytes(obj) -> int:
@@ -99,7 +119,7 @@ NODE_LOCAL_KEYS = ("data", "client-delay", "output-dir")
 # A request carries the server's fingerprint under this ConfigRecord prefix; a client whose own
 # differs fails with a message starting with MISMATCH (the strategy stops the run on it).
 EXPECT, MISMATCH = "expect.", "experiment mismatch"
-SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries", "node-timeout")
+SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries", "node-timeout", "round-timeout")
 
 
 def fingerprint(bundle_name: str, setup: Setup, run_config: dict | None = None) -> dict:

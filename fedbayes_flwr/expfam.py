@@ -42,11 +42,24 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import digamma, gammaln
 
 __all__ = ["Beta", "Dirichlet", "FullGaussian", "Gaussian", "IsoGaussian", "Weights",
            "blocks", "combine", "domain_error", "log_partition", "mean", "permute",
            "sample", "std", "total_log_partition"]
+
+
+# scipy.special on first use: every deployed ClientApp (a new process per message) imports this
+# module through the registry, and scipy.special costs ~0.5 s to import
+def gammaln(x):
+    from scipy.special import gammaln as f
+
+    return f(x)
+
+
+def digamma(x):
+    from scipy.special import digamma as f
+
+    return f(x)
 
 
 class Gaussian(NamedTuple):

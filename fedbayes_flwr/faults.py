@@ -1,20 +1,35 @@
 """Fault injection (the ``inject-fault`` testing hook) and simulated client slowness.
 
-``inject-fault=KIND@ROUND:PARTITION`` makes partition ``PARTITION``'s reply to its ``train``
-request of update ``ROUND`` bad: ``nan`` (the reply's first float array filled with NaN: generic),
-a bundle-specific kind such as ``negative-precision`` (the bundle's ``corrupt`` hook), ``error``
-(the client fails) or ``drop`` (the reply never arrives). Both engines apply the same rule.
+``inject-fault=KIND@ROUND:PARTITION`` (several specs comma-separated) makes partition
+``PARTITION`` fail. One-shot kinds hit its reply to the ``train`` request of update ``ROUND``,
+first attempt only (a retry succeeds): ``nan`` (the reply's first float array filled with NaN:
+generic), a bundle-specific kind such as ``negative-precision`` (the bundle's ``corrupt`` hook),
+``garbage`` (every array of the reply replaced by bytes that are not the action's record: wrong
+dtype and length), ``error`` (the client fails) or ``drop`` (the reply never arrives). Lasting
+kinds hit every request of every category (train, evaluate, query) from update ``ROUND`` on, every
+attempt: ``raise-always`` (the client raises) and ``hang`` (the client never answers: a Flower
+ClientApp sleeps :func:`hang_seconds`, past the message's time-to-live, then raises, so its
+process ends; the in-process engine records the timeout at once, without sleeping). Both engines
+apply the same rule.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .config import RunConfig, parse_fault, straggler_ids
+from .config import RunConfig, parse_faults, straggler_ids
+
+# kinds that last from their update on, for every request and attempt; the others are one-shot
+LASTING = ("raise-always", "hang")
+# kinds the client raises (InjectedFault) instead of replying
+RAISED = ("error", "drop", *LASTING)
+# a hung Flower ClientApp wakes this long after its message's time-to-live (then raises)
+HANG_MARGIN_S = 2.0
+GARBAGE = np.frombuffer(b"\x00garbage\xff", dtype=np.uint8)
 
 
 class InjectedFault(RuntimeError):
-    """The client fails on purpose (``error`` / ``drop``)."""
+    """The client fails on purpose (``error``, ``drop``, ``raise-always``, ``hang``)."""
 
     def __init__(self, kind: str):
         super().__init__(f"injected fault {kind!r} (inject-fault)")
@@ -23,13 +38,25 @@ class InjectedFault(RuntimeError):
 
 def active_fault(config: RunConfig, number: int, partition_id: int, category: str,
                  attempt: int = 0) -> str | None:
-    """The fault kind injected into this client's reply, if any: train requests only, first
-    attempt only (a transient fault: a ``retry``-policy bundle's re-send succeeds)."""
-    fault = parse_fault(config.inject_fault)
-    if (category == "train" and attempt == 0 and fault and fault[1] == number
-            and fault[2] == partition_id):
-        return fault[0]
+    """The fault kind injected into this client's reply, if any (the first matching spec):
+    one-shot kinds on the train request of their update, first attempt only (a transient fault:
+    a ``retry``-policy bundle's re-send succeeds); lasting kinds (:data:`LASTING`) on every
+    request from their update on, every attempt."""
+    for kind, rnd, pid in parse_faults(config.inject_fault):
+        if pid != partition_id:
+            continue
+        if kind in LASTING:
+            if number >= rnd:
+                return kind
+        elif category == "train" and attempt == 0 and number == rnd:
+            return kind
     return None
+
+
+def hang_seconds(ttl: float) -> float:
+    """How long a ``hang`` ClientApp sleeps for a message with time-to-live ``ttl`` (seconds):
+    past the ttl, so its reply can never count, and bounded, so its process ends."""
+    return float(ttl) + HANG_MARGIN_S
 
 
 def _nan_first_float_array(message):
@@ -43,8 +70,21 @@ def _nan_first_float_array(message):
     return None
 
 
+def _garbage(message):
+    """``message`` with every array (nested too) replaced by :data:`GARBAGE` bytes."""
+    out = {}
+    for name, value in zip(message._fields, message, strict=True):
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            out[name] = _garbage(value)
+        elif isinstance(value, np.ndarray):
+            out[name] = GARBAGE.copy()
+    return message._replace(**out)
+
+
 def corrupt(bundle, kind: str, reply, request):
     """Turn a good reply into a bad one of ``kind`` (see the module docstring)."""
+    if kind == "garbage":
+        return _garbage(reply)
     if kind == "nan":
         bad = _nan_first_float_array(reply)
         if bad is None:

@@ -15,28 +15,33 @@ import numpy as np
 
 OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed", "interrupted")
 # The files a run writes; a reused output directory loses these (and only these) at the start.
-RESULT_FILES = ("result.json", "posterior.npz", "metrics.png", "reliability.png")
+RESULT_FILES = ("result.json", "posterior.npz", "metrics.png", "reliability.png",
+                "checkpoint.npz")
 
 
 class Recorder:
     """Metrics per evaluation point; ``result.json`` written as the run goes."""
 
     def __init__(self, experiment, engine: str, output_dir: str | None = None,
-                 progress: bool = True):
+                 progress: bool = True, resume=None, posterior=None):
+        """``resume`` (a :class:`fedbayes_flwr.checkpoint.Checkpoint`) continues its history,
+        counters and clock, and keeps the directory's files; ``posterior`` is its posterior."""
         self.exp = experiment
         self.engine = engine
         self.output_dir = output_dir or experiment.config.output_dir
         os.makedirs(self.output_dir, exist_ok=True)
-        for name in RESULT_FILES:  # never keep an earlier run's files next to this run's
+        for name in RESULT_FILES if resume is None else ():  # no earlier run's files here
             path = os.path.join(self.output_dir, name)
             if os.path.isfile(path):
                 os.remove(path)
-        self.history: list[dict] = []
-        self.t0 = time.perf_counter()
-        self.posterior = None
+        self.history: list[dict] = list(resume.history) if resume else []
+        counters = resume.counters if resume else {}
+        self.t0 = time.perf_counter() - float(counters.get("elapsed_s", 0.0))
+        self.posterior = posterior
         self._diagram = None
         self.outcome, self.reason = "running", None
-        self.accepted = self.rejected = 0
+        self.accepted = int(counters.get("accepted", 0))
+        self.rejected = int(counters.get("rejected", 0))
         self._progress = _Progress(experiment.config.num_rounds, enabled=progress)
 
     def record(self, update: int, posterior, log) -> dict:
@@ -75,6 +80,24 @@ class Recorder:
         self._write()
         self._progress.update(update, row)
         return row
+
+    def checkpoint(self, update: int, server_state, client_states: tuple = (),
+                   client_versions: tuple = (), virtual_time: float | None = None,
+                   dead: tuple | list = ()) -> None:
+        """Write ``checkpoint.npz`` (atomically) after the row of ``update``: the server and
+        client states with this recorder's history (:mod:`fedbayes_flwr.checkpoint`); ``dead``:
+        partitions the run left out (a resumed run leaves them out too)."""
+        from .checkpoint import Checkpoint, save
+
+        # the rows up to ``update`` (an asynchronous checkpoint lands after later rows)
+        history = [row for row in self.history if row["round"] <= update]
+        counters = {"accepted": sum(len(row["clients"]) for row in history),
+                    "rejected": sum(row["rejected_replies"] for row in history),
+                    "elapsed_s": history[-1]["elapsed_s"] if history else 0.0,
+                    "virtual_time": virtual_time, "dead": [int(p) for p in dead]}
+        save(self.output_dir, Checkpoint(
+            self.exp.bundle.name, self.engine, self.exp.config.to_run_config(), update,
+            server_state, tuple(client_states), tuple(client_versions), history, counters))
 
     def _write(self) -> None:
         c = self.exp.config

@@ -35,8 +35,6 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
-from scipy.spatial.distance import cdist, pdist, squareform
-from scipy.special import logsumexp, softmax
 
 #: Bandwidth :func:`rbf_bandwidth` returns when the median heuristic is undefined (``N = 1``) or
 #: zero (all particles coincide, or more than half of the pairs do).
@@ -108,6 +106,10 @@ def rbf_bandwidth(particles) -> float:
     n = x.shape[0]
     if n < 2:
         return DEGENERATE_RBF_BANDWIDTH
+    # scipy is imported where it is used: a deployed ClientApp imports this module for every
+    # message (a new process each), and scipy.spatial + scipy.special cost ~1 s there
+    from scipy.spatial.distance import pdist
+
     med = float(np.median(pdist(x)))
     if not med > 0.0:
         return DEGENERATE_RBF_BANDWIDTH
@@ -146,6 +148,8 @@ def svgd_direction(particles, scores, h: float | None = None) -> np.ndarray:
         raise ValueError(f"scores must have the particles' shape {x.shape}, got {s.shape}")
     h = rbf_bandwidth(x) if h is None else _positive(h, "h")
     n = x.shape[0]
+    from scipy.spatial.distance import pdist, squareform
+
     kxx = np.exp(-squareform(pdist(x, "sqeuclidean")) / h)  # symmetric, ones on the diagonal
     # sum_j grad_{x_j} k(x_j, x_i) = (2 / h) sum_j k_ij (x_i - x_j) = (2 / h) (x_i rowsum_i - K x).
     repulsion = (2.0 / h) * (x * kxx.sum(axis=1, keepdims=True) - kxx @ x)
@@ -319,6 +323,8 @@ def _kde_logits(x, centres, bandwidth) -> tuple[np.ndarray, np.ndarray, np.ndarr
     if x.shape[1] != c.shape[1]:
         raise ValueError(f"x has dimension {x.shape[1]}, centres {c.shape[1]}")
     bw = _positive(bandwidth, "bandwidth")
+    from scipy.spatial.distance import cdist
+
     return x, c, -cdist(x, c, "sqeuclidean") / (2.0 * bw * bw), bw
 
 
@@ -358,6 +364,8 @@ def kde_log_density(x, centres, bandwidth: float) -> np.ndarray:
     Kassab & Simeone (2022), Section 5 (KDEs of the global and local particles) and Section 7
     (Gaussian KDE kernel).
     """
+    from scipy.special import logsumexp
+
     x, c, logits, bw = _kde_logits(x, centres, bandwidth)
     n, d = c.shape
     const = np.log(n) + 0.5 * d * np.log(2.0 * np.pi * bw * bw)
@@ -401,6 +409,8 @@ def kde_score(x, centres, bandwidth: float, floor: float = 0.0) -> np.ndarray:
     ----------
     Kassab & Simeone (2022), Section 5 (scores of the KDE factors in the SVGD targets).
     """
+    from scipy.special import softmax
+
     x, c, logits, bw = _kde_logits(x, centres, bandwidth)
     if floor:
         if not 0.0 < floor < 1.0:

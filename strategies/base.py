@@ -27,11 +27,13 @@ from logging import INFO, WARNING
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, round_seed
+from fedbayes_flwr.checkpoint import STATE_LOST, VERSION_KEY
 from fedbayes_flwr.config import section_items
 from fedbayes_flwr.engine import (
     RoundLog,
@@ -40,12 +42,15 @@ from fedbayes_flwr.engine import (
     check_stop,
     eval_point,
     judge,
+    not_sent,
     outcome,
     stop_on_failure,
+    timed_out,
 )
 from fedbayes_flwr.experiment import EXPECT, MISMATCH, fingerprint, payload_nbytes
 
-from .nodes import partition_map
+from .checkpointing import reported_version
+from .nodes import partition_nodes
 
 POLL_S = 0.002
 BARRIER_POLL_S = 0.05  # pull interval of a barrier exchange (Flower's own sleeps 3 s deployed)
@@ -72,6 +77,11 @@ class BundleStrategy(Strategy):
     node_timeout : float
         Seconds to wait for the nodes serving the partitions to connect (progress is logged
         every 10 s; nodes started for another number of partitions fail at once).
+    round_timeout : float
+        Seconds each request may wait for its reply (every exchange, retries included); each
+        message's time-to-live. A partition that times out is *dead*: it gets no further
+        messages this run and stands in every later exchange as a rejected reply.
+        :meth:`start`'s ``timeout`` overrides it.
     run_config : dict, optional
         The run config the server was built from: its experiment-defining keys travel with
         every request, and a client that built a different experiment refuses (the run stops
@@ -80,7 +90,7 @@ class BundleStrategy(Strategy):
 
     def __init__(self, bundle, setup, *, eval_every: int = 1, max_seconds: float = 0.0,
                  max_retries: int = 2, run_config: dict | None = None,
-                 node_timeout: float = 600.0):
+                 node_timeout: float = 600.0, round_timeout: float = 600.0):
         self.bundle, self.setup = bundle, setup
         # what every client must share with this server (checked by the client handler)
         self.expected = fingerprint(bundle.name, setup, run_config)
@@ -89,7 +99,10 @@ class BundleStrategy(Strategy):
         self.num_clients = setup.num_clients
         self.run_seed = setup.run_seed
         self.eval_every, self.max_seconds, self.max_retries = eval_every, max_seconds, max_retries
-        self.node_timeout = node_timeout
+        self.node_timeout, self.round_timeout = node_timeout, round_timeout
+        self.dead: set[int] = set()  # partitions that timed out: never asked again this run
+        self.failed: dict[int, Rejection] = {}  # partitions whose node failed the query
+        self._sent: dict[str, int] = {}  # message id -> partition (for replies the link makes)
         self.nodes: dict[int, int] | None = None
         self.partition_of: dict[int, int] = {}
         self.round_logs: dict[int, RoundLog] = {}
@@ -99,6 +112,16 @@ class BundleStrategy(Strategy):
         self._pending: dict[int, object] = {}  # partition -> Request of the current exchange
         self._num_updates = 1
         self._rnd: Round | None = None
+        # checkpoint and resume (strategies.checkpointing): the hook called after each record
+        # with (update, server state, client states, client versions), the client-state
+        # version last seen per partition, the last stored client states, a restore to send
+        self.on_checkpoint: Callable | None = None
+        self.versions = [0] * self.num_clients
+        self._stored: tuple | None = None
+        self._to_restore = False
+        self._due: dict | None = None  # an asynchronous checkpoint waiting for busy nodes
+        self._idle: set[int] = set()
+        self._grid: Grid | None = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -115,9 +138,16 @@ class BundleStrategy(Strategy):
         return self.posterior_arrays()
 
     def _node_map(self, grid: Grid) -> dict[int, int]:
+        """``{partition: node}``, asked once. A partition whose node answered the partition
+        query with an error is *failed* (dead from the start, its rejections carry the node's
+        own error): the run goes on without it."""
         if self.nodes is None:
-            self.nodes = partition_map(grid, self.num_clients, timeout=self.node_timeout)
+            found = partition_nodes(grid, self.num_clients, timeout=self.node_timeout)
+            self.nodes = found.nodes
             self.partition_of = {node: pid for pid, node in self.nodes.items()}
+            self.failed = {pid: Rejection(pid, "reply", f"partition query failed: {reason}")
+                           for pid, reason in found.failed.items()}
+            self.dead |= set(self.failed)
         return self.nodes
 
     def _next_round(self, idle: frozenset) -> Round:
@@ -132,21 +162,30 @@ class BundleStrategy(Strategy):
         spec = self.actions[request.action]
         self._tally.down += payload_nbytes(request.message)
         envelope = {"action": request.action, "round": number, "attempt": attempt,
+                    VERSION_KEY: self.versions[pid],
                     **{f"{EXPECT}{k}": v for k, v in self.expected.items()}}
         content = codec.encode(request.message, f"{self.bundle.name}.{request.action}", envelope)
-        return Message(content, dst_node_id=nodes[pid],
+        return Message(content, dst_node_id=nodes[pid], ttl=self.round_timeout,
                        message_type=message_type(spec.category, self.bundle.name))
 
     def _decode(self, pid: int, action: str, reply: Message | None):
-        """The reply's message, or the :class:`Rejection` it earns (logged)."""
-        if reply is None:
-            out = Rejection(pid, "reply", "no reply before the timeout")
+        """The reply's message, or the :class:`Rejection` it earns (logged). No reply (or the
+        link's "message expired" error) within ``round_timeout`` marks the partition dead."""
+        if pid in self.dead:
+            return self.failed.get(pid) or not_sent(pid)
+        if reply is None or (reply.has_error()
+                             and reply.error.code == ErrorCode.MESSAGE_UNAVAILABLE):
+            self.dead.add(pid)
+            out = timed_out(pid, self.round_timeout)
         elif reply.has_error():
             if MISMATCH in reply.error.reason:  # server and client disagree: never go on
                 raise RunStopped(f"partition {pid}: {reply.error.reason.strip().splitlines()[-1]}")
             out = Rejection(pid, "reply", f"client error: {reply.error.reason}")
+            if STATE_LOST in reply.error.reason:  # put back now, or left out of the run
+                self._heal(pid)
         else:
             self._tally.up += codec.received_nbytes(reply.content)
+            self.versions[pid] = max(self.versions[pid], reported_version(reply.content))
             spec = self.actions[action]
             try:
                 message = codec.decode(reply.content, f"{self.bundle.name}.{action}.reply",
@@ -164,7 +203,8 @@ class BundleStrategy(Strategy):
     def _by_partition(self, replies: Iterable[Message]) -> dict[int, Message]:
         out = {}
         for reply in replies:
-            pid = self.partition_of.get(reply.metadata.src_node_id)
+            pid = self.partition_of.get(reply.metadata.src_node_id,
+                                        self._sent.get(reply.metadata.reply_to_message_id))
             if pid is None or pid not in self._pending:
                 log(WARNING, "%s: ignoring a reply from unexpected node %s", self.bundle.name,
                     reply.metadata.src_node_id)
@@ -177,11 +217,12 @@ class BundleStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         """The messages of the next exchange (for Flower's own round loop; :meth:`start` uses
         the same path)."""
+        self._node_map(grid)
         self._rnd = self._next_round(frozenset(range(self.num_clients)))
         requests = self.bundle.requests(self.state, self.setup, self._rnd)
         self._pending = dict(sorted(requests.items()))
         return [self._encode(grid, pid, req, self._rnd.number, 0)
-                for pid, req in self._pending.items()]
+                for pid, req in self._pending.items() if pid not in self.dead]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         """Decode, validate and apply the exchange's replies (one server step)."""
@@ -214,7 +255,8 @@ class BundleStrategy(Strategy):
         policy = self.bundle.failure_policy
         if policy in ("retry", "retry-stop"):
             for attempt in range(1, self.max_retries + 1):
-                failed = [pid for pid, r in decoded.items() if isinstance(r, Rejection)]
+                failed = [pid for pid, r in decoded.items()
+                          if isinstance(r, Rejection) and pid not in self.dead]  # dead: never
                 if not failed:
                     break
                 self._tally.retried += len(failed)
@@ -224,12 +266,13 @@ class BundleStrategy(Strategy):
                 for pid in failed:
                     decoded[pid] = self._decode(pid, self._pending[pid].action, got.get(pid))
         if policy in ("stop", "retry-stop"):
-            stop_on_failure(self.bundle.name, self._rnd.number, decoded)
+            retries = self.max_retries if policy == "retry-stop" else 0
+            stop_on_failure(self.bundle.name, self._rnd.number, decoded, retries, self.dead)
         return decoded
 
     # ------------------------------------------------------------------ the drivers
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
               ) -> Result:
@@ -237,13 +280,24 @@ class BundleStrategy(Strategy):
         point (every ``eval_every`` updates and after the last), with
         ``self.round_logs[update]`` holding what happened since the previous one.
 
-        Raises :class:`fedbayes_flwr.engine.RunStopped` when a ``stop``-policy bundle fails.
+        ``timeout`` (seconds, default ``round_timeout``) bounds every exchange and is each
+        message's time-to-live. Raises :class:`fedbayes_flwr.engine.RunStopped` when a
+        ``stop``-policy bundle fails.
         """
+        if timeout is not None:
+            self.round_timeout = timeout
+        timeout = self.round_timeout
         self.summary()
         self._num_updates = num_rounds
         self._t0 = time.monotonic()
         result = Result()
-        if self.bundle.mode(self.setup.config) == "apply-on-arrival":
+        self._grid = grid
+        self._node_map(grid)  # before any request: failed partitions are out from the start
+        if self._to_restore:  # resume: every partition gets its stored client state first
+            self._restore_clients(grid)
+        if self._update >= num_rounds:  # resumed at (or past) the requested number of updates
+            self.outcome = "completed"
+        elif self.bundle.mode(self.setup.config) == "apply-on-arrival":
             self._run_on_arrival(grid, timeout, evaluate_fn, result)
         else:
             self._run_barrier(grid, timeout, evaluate_fn, result)
@@ -267,12 +321,18 @@ class BundleStrategy(Strategy):
         result.arrays = arrays
         if evaluate_fn is not None:
             evaluate_fn(self._update, arrays)
+        self._checkpoint(virtual_time)
         return self.outcome is not None
 
     def _send_and_receive(self, grid: Grid, messages: list, timeout: float) -> list:
         """Push, then pull every ``BARRIER_POLL_S`` until every reply is in or ``timeout``;
         a stop request (Ctrl-C) interrupts the wait."""
-        waiting = set(grid.push_messages(messages))
+        if not messages:  # every partition asked is dead
+            return []
+        ids = list(grid.push_messages(messages))
+        self._sent = {mid: self.partition_of[m.metadata.dst_node_id]
+                      for mid, m in zip(ids, messages, strict=True)}
+        waiting = set(ids)
         replies, deadline = [], time.monotonic() + timeout
         while waiting and time.monotonic() < deadline:
             check_stop()
@@ -297,36 +357,151 @@ class BundleStrategy(Strategy):
     def _run_on_arrival(self, grid: Grid, timeout: float, evaluate_fn, result: Result) -> None:
         in_flight: dict[str, tuple[int, object]] = {}  # message id -> (partition, request)
         arrived: list[Message] = []  # pulled, not yet applied
-        idle = set(range(self.num_clients))
-        last_arrival = time.monotonic()
+        idle = set(range(self.num_clients)) - self.dead
+        self._idle = idle  # the same set: what an asynchronous checkpoint may ask now
+        sent_at: dict[str, float] = {}  # message id -> when it was pushed
         while True:
             self._rnd = self._next_round(frozenset(idle))
             requests = self.bundle.requests(self.state, self.setup, self._rnd)
             for pid, req in sorted(requests.items()):
                 (mid,) = grid.push_messages([self._encode(grid, pid, req, self._rnd.number, 0)])
-                in_flight[mid] = (pid, req)
+                in_flight[mid], sent_at[mid] = (pid, req), time.monotonic()
+                self._sent[mid] = pid
                 idle.discard(pid)
             if not in_flight:
+                if self.dead:
+                    raise RunStopped(f"update {self._rnd.number}: no partition left to ask "
+                                     f"(partitions {sorted(self.dead)} timed out)")
                 raise RuntimeError(f"bundle {self.bundle.name!r} sent no request with every "
                                    f"client idle")
-            while not arrived:  # pulled replies leave the Grid: keep them until applied
+            late = None
+            while not arrived and late is None:  # pulled replies leave the Grid: keep them
                 arrived += list(grid.pull_messages(list(in_flight)))
                 if not arrived:
                     check_stop()
-                    if time.monotonic() - last_arrival > timeout:
-                        waiting = sorted(p for p, _ in in_flight.values())
-                        raise TimeoutError(f"{self.bundle.name}: no reply for {timeout} s "
-                                           f"(waiting on partitions {waiting})")
-                    time.sleep(POLL_S)
-            last_arrival = time.monotonic()
-            # apply ONE reply (the lowest partition among those pulled); the rest wait their turn
-            arrived.sort(key=lambda r: in_flight[r.metadata.reply_to_message_id][0])
-            reply = arrived.pop(0)
-            pid, req = in_flight.pop(reply.metadata.reply_to_message_id)
-            idle.add(pid)
-            self._apply({pid: self._decode(pid, req.action, reply)})
+                    oldest = min(in_flight, key=sent_at.__getitem__)
+                    if time.monotonic() - sent_at[oldest] > timeout:
+                        late = oldest  # its reply never came: a timeout, the partition dies
+                    else:
+                        time.sleep(POLL_S)
+            if arrived:
+                # apply ONE reply (the lowest partition among those pulled); the rest wait
+                arrived.sort(key=lambda r: in_flight[r.metadata.reply_to_message_id][0])
+                reply = arrived.pop(0)
+                mid = reply.metadata.reply_to_message_id
+            else:
+                reply, mid = None, late
+            pid, req = in_flight.pop(mid)
+            sent_at.pop(mid)
+            self._sent.pop(mid, None)
+            decoded = self._decode(pid, req.action, reply)
+            if pid not in self.dead:  # a timed-out partition never becomes idle again
+                idle.add(pid)
+            self._apply({pid: decoded})
+            self._snapshot_idle()
             if self._record(evaluate_fn, result, round(time.monotonic() - self._t0, 4)):
                 return
+
+    # ------------------------------------------------------------------ checkpoint and resume
+    def resume(self, ckpt) -> None:
+        """Continue the run stored in ``ckpt`` (a :class:`fedbayes_flwr.checkpoint.Checkpoint`):
+        its server state and update number now; its client states are sent to the partitions
+        when :meth:`start` begins (:mod:`strategies.checkpointing`)."""
+        from fedbayes_flwr.checkpoint import CheckpointError, check_fits
+
+        from .checkpointing import stateful
+
+        check_fits(ckpt, self.bundle.name, self.state)
+        if len(ckpt.client_states) != self.num_clients:
+            raise CheckpointError(f"resume: the checkpoint holds {len(ckpt.client_states)} "
+                                  f"client states, the run has {self.num_clients} partitions")
+        self.state = ckpt.server_state
+        self._update = self._recorded = int(ckpt.update)
+        self._settled = True
+        # an in-process checkpoint has no versions: its clients start again from version 0
+        versions = tuple(ckpt.client_versions) or (0,) * self.num_clients
+        self.versions = list(versions)
+        self._stored = (tuple(ckpt.client_states), versions)
+        self._to_restore = stateful(self)
+        for pid in ckpt.counters.get("dead", ()):  # left out of the stored run: still out
+            self._leave_out(int(pid), "left out of the stored run (resumed without it)")
+
+    def _checkpoint(self, virtual_time: float | None) -> None:
+        """After a record: collect the client states and call :attr:`on_checkpoint`."""
+        if self.on_checkpoint is None or self._grid is None:
+            return
+        from .checkpointing import collect, stateful
+
+        if self.bundle.mode(self.setup.config) == "apply-on-arrival" and stateful(self):
+            if self._due is None:  # complete when every busy node has answered (below)
+                self._due = {"update": self._update, "state": self.state, "got": {},
+                             "virtual_time": virtual_time, "dead": sorted(self.dead)}
+            self._snapshot_idle()
+            return
+        got = collect(self, self._grid)
+        if got is not None:
+            self._stored = got
+            self.on_checkpoint(self._update, self.state, got[0], got[1], virtual_time,
+                               sorted(self.dead))
+
+    def _snapshot_idle(self) -> None:
+        """Asynchronous runs: a checkpoint of update ``U`` needs each node's state as of ``U``.
+        A node idle at ``U`` is asked at once; a node busy at ``U`` is asked as soon as its
+        in-flight reply has been applied, before its next request: its committed factor is
+        then still the one the server had at ``U`` (the acknowledgement it last received),
+        and the factor its reply proposed is dropped on resume (commit on acknowledgement).
+        The checkpoint is written once every node has answered; a node that cannot answer
+        abandons it (the previous checkpoint stays)."""
+        due = self._due
+        if due is None or self._grid is None:
+            return
+        from .checkpointing import assemble, fetch
+
+        ask = sorted(p for p in self._idle if p not in due["got"] and p not in self.dead)
+        got = fetch(self, self._grid, ask) if ask else {}
+        if got is None:
+            self._due = None
+            return
+        due["got"].update(got)
+        if set(due["got"]) | self.dead >= set(range(self.num_clients)):
+            self._due = None
+            states, versions = assemble(self, due["got"])
+            self._stored = (states, versions)
+            self.on_checkpoint(due["update"], due["state"], states, versions,
+                               due["virtual_time"], due["dead"])
+
+    def _restore_clients(self, grid: Grid) -> None:
+        from .checkpointing import put
+
+        states, versions = self._stored
+        pids = [p for p in range(self.num_clients) if p not in self.dead]
+        done = put(self, grid, pids, states, versions)
+        self._to_restore = False
+        if len(done) < len(pids):
+            raise RunStopped(f"resume: partitions {sorted(set(pids) - set(done))} did not take "
+                             f"back their client state")
+
+    def _heal(self, pid: int) -> None:
+        """Partition ``pid``'s node lost its client state (it refused with ``STATE_LOST``): put
+        back the last checkpointed state when it is the version the node should hold (it
+        restarted between a checkpoint and its next request); else leave the partition out of
+        the run (answering from a fresh state would count its data twice)."""
+        from .checkpointing import put
+
+        stored = self._stored
+        if (self._grid is not None and stored is not None and stored[1]
+                and stored[1][pid] == self.versions[pid]
+                and put(self, self._grid, [pid], stored[0], stored[1])):
+            log(WARNING, "%s: partition %s lost its client state: put back the checkpointed "
+                "one (version %d)", self.bundle.name, pid, self.versions[pid])
+            return
+        self._leave_out(pid, f"{STATE_LOST} and the last checkpoint holds another version")
+
+    def _leave_out(self, pid: int, reason: str) -> None:
+        log(WARNING, "%s: partition %s: %s; it gets no further requests", self.bundle.name, pid,
+            reason)
+        self.dead.add(pid)
+        self.failed[pid] = Rejection(pid, "reply", f"{reason}; not sent")
 
     def summary(self) -> None:
         """One line: the bundle, partitions, seed and the section keys that differ from their

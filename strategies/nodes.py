@@ -10,8 +10,10 @@ federation was started for a different number of partitions".
 
 from __future__ import annotations
 
+import re
 import time
-from logging import INFO
+from logging import INFO, WARNING
+from typing import NamedTuple
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import log
@@ -33,33 +35,68 @@ def _how_to_fix(num_clients: int) -> str:
             f"\"partition-id=K num-partitions={num_clients}\" for K = 0..{num_clients - 1})")
 
 
+class NodeMap(NamedTuple):
+    """``nodes``: ``{partition_id: node_id}``; ``failed``: ``{partition_id: reason}`` for the
+    partitions whose node answered the partition query with an error (its own message)."""
+
+    nodes: dict[int, int]
+    failed: dict[int, str]
+
+
+def client_reason(reason: str) -> str:
+    """A ClientApp's error as one line: ``ValueError: ...`` (Flower wraps a deployed client's
+    exception as ``<class 'ValueError'>:<'...'>``; the Simulation Engine sends a traceback)."""
+    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else "unknown error"
+    match = re.fullmatch(r"<class '([\w.]+)'>:<'(.*)'>", last, flags=re.S)
+    return f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}" if match else last
+
+
 def partition_map(grid: Grid, num_clients: int, timeout: float = 600.0,
                   query_timeout: float = 120.0) -> dict[int, int]:
-    """Return ``{partition_id: node_id}`` for partitions ``0..num_clients-1``.
+    """``{partition_id: node_id}`` for partitions ``0..num_clients-1`` (see
+    :func:`partition_nodes`; raises :class:`PartitionError` when a partition's node failed)."""
+    found = partition_nodes(grid, num_clients, timeout, query_timeout)
+    if found.failed:
+        pid, reason = sorted(found.failed.items())[0]
+        raise PartitionError(f"partition {pid}: {reason}")
+    return found.nodes
+
+
+def partition_nodes(grid: Grid, num_clients: int, timeout: float = 600.0,
+                    query_timeout: float = 120.0) -> NodeMap:
+    """Map partitions ``0..num_clients-1`` to the connected nodes.
 
     Polls the Grid (it can see 0 nodes at first; in deployment nodes join one by one), asks each
     new node its ``partition-id`` and ``num-partitions``, and logs progress every 10 s while it
-    waits, for at most ``timeout`` seconds. Fails at once, with one line, when a node reports a
-    different ``num-partitions`` than ``num_clients`` (it was started for another federation:
-    no more nodes will come, e.g. ``flwr run``'s default 2 simulated nodes) or when a node's
-    own answer is an error (e.g. it lacks ``partition-id``).
+    waits, for at most ``timeout`` seconds.
+
+    A node that answers with an error (e.g. started without ``partition-id``, or its ClientApp
+    cannot start) cannot say which partition it serves: once every partition has a node that
+    answered, the partitions nobody claimed are *failed*, each with a node's own error (the run
+    goes on without them). Raises :class:`PartitionError`, one line, when no node serves any
+    partition (with the clients' own errors), when a node reports a different
+    ``num-partitions`` than ``num_clients`` (it was started for another federation: no more
+    nodes will come, e.g. ``flwr run``'s default 2 simulated nodes), when two nodes claim one
+    partition, or after ``timeout``.
     """
     start = time.monotonic()
     last_log = start
     mapping: dict[int, int] = {}
     reported: dict[int, int] = {}  # node -> num-partitions in its node config
+    broken: dict[int, str] = {}  # node -> its own error
     asked: set[int] = set()
     while True:
         new = [n for n in grid.get_node_ids() if n not in asked]
         if new:
-            messages = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=node,
-                                message_type=QUERY_PARTITION) for node in new]
             asked |= set(new)
-            for reply in grid.send_and_receive(messages, timeout=query_timeout):
+            for reply in _ask(grid, new, query_timeout):
                 node = reply.metadata.src_node_id
                 if reply.has_error():
-                    reason = reply.error.reason.strip().splitlines()[-1]
-                    raise PartitionError(f"node {node} could not report its partition: {reason}")
+                    broken[node] = client_reason(reply.error.reason)
+                    log(WARNING, "node %s could not report its partition: %s", node,
+                        broken[node])
+                    continue
                 config = reply.content.config_records["config"]
                 pid = int(config["partition-id"])
                 reported[node] = int(config.get("num-partitions", num_clients))
@@ -77,17 +114,38 @@ def partition_map(grid: Grid, num_clients: int, timeout: float = 600.0,
                 f"{other[0]}")
         missing = sorted(set(range(num_clients)) - set(mapping))
         if not missing:
-            return {pid: mapping[pid] for pid in range(num_clients)}
+            return NodeMap({pid: mapping[pid] for pid in range(num_clients)}, {})
+        if len(broken) >= len(missing):  # every partition has a node; some nodes are broken
+            if not mapping:
+                node, reason = sorted(broken.items())[0]
+                raise PartitionError(f"no node could report its partition (node {node}: "
+                                     f"{reason}); {_how_to_fix(num_clients)}")
+            reasons = [f"node {n}: {r}" for n, r in sorted(broken.items())]
+            failed = {pid: reasons[i % len(reasons)] for i, pid in enumerate(missing)}
+            log(WARNING, "partitions %s failed (their nodes could not report a partition: %s); "
+                "the run goes on without them", _ids(missing), "; ".join(reasons))
+            return NodeMap(mapping, failed)
         now = time.monotonic()
         if now - start > timeout:
+            why = (f"; nodes that could not report a partition: "
+                   f"{'; '.join(f'node {n}: {r}' for n, r in sorted(broken.items()))}"
+                   if broken else "")
             raise PartitionError(f"no connected node serves partition ids {_ids(missing)} after "
                                  f"{timeout:.0f} s ({len(mapping)} of {num_clients} partitions "
-                                 f"connected); {_how_to_fix(num_clients)}")
+                                 f"connected); {_how_to_fix(num_clients)}{why}")
         if now - last_log >= PROGRESS_S:
             log(INFO, "waiting for partitions %s: %d of %d connected after %.0f s (node-timeout "
                 "%.0f s)", _ids(missing), len(mapping), num_clients, now - start, timeout)
             last_log = now
         time.sleep(POLL_S)
+
+
+def _ask(grid: Grid, nodes: list[int], timeout: float) -> list[Message]:
+    """Ask each node its partition (once per run: ``send_and_receive``'s 3 s pull interval in
+    deployment is paid once, not per exchange)."""
+    messages = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=node,
+                        message_type=QUERY_PARTITION) for node in nodes]
+    return list(grid.send_and_receive(messages, timeout=timeout))
 
 
 def _ids(ids) -> str:

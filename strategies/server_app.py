@@ -14,7 +14,9 @@ from logging import WARNING
 from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid import InMemoryGrid
 
+from fedbayes_flwr.checkpoint import load as load_checkpoint
 from fedbayes_flwr.config import parse_run_config
 from fedbayes_flwr.engine import Interrupted, RunStopped
 from fedbayes_flwr.experiment import build_experiment
@@ -28,12 +30,27 @@ def strategy_for(exp) -> BundleStrategy:
     c = exp.config
     return BundleStrategy(exp.bundle, exp.setup, eval_every=c.eval_every,
                           max_seconds=c.max_seconds, max_retries=c.max_retries,
-                          run_config=c.to_run_config(), node_timeout=c.node_timeout)
+                          run_config=c.to_run_config(), node_timeout=c.node_timeout,
+                          round_timeout=c.round_timeout)
 
 
-def make_server_app(overrides: dict | None = None, engine: str = "simulation",
-                    progress: bool = True) -> ServerApp:
+def engine_of(grid: Grid) -> str:
+    """``simulation`` when ``grid`` is the Simulation Engine's in-memory Grid (``flwr run`` on a
+    simulation connection, ``flwr.simulation.run_simulation``), else ``deployment`` (a ServerApp
+    started by a SuperLink talks to it over its Runtime API)."""
+    return "simulation" if isinstance(grid, InMemoryGrid) else "deployment"
+
+
+def make_server_app(overrides: dict | None = None, engine: str | None = None,
+                    progress: bool = True, resume_dir: str | None = None) -> ServerApp:
     """A ServerApp whose run config is ``context.run_config`` updated by ``overrides``.
+
+    A checkpoint is written to ``output-dir`` after every history row
+    (:mod:`fedbayes_flwr.checkpoint`); ``resume_dir`` continues the run stored there (its
+    server state, history, and each partition's client state, sent back to the nodes).
+
+    ``engine`` is what ``result.json`` records; ``None`` (the default) reads it off the Grid
+    (:func:`engine_of`).
 
     ``overrides`` are checked now (an unknown key raises
     :class:`fedbayes_flwr.errors.ConfigError` naming it), not when the run starts.
@@ -52,7 +69,12 @@ def make_server_app(overrides: dict | None = None, engine: str = "simulation",
                 os.path.abspath(config.output_dir))
         exp = build_experiment(config)
         strategy = strategy_for(exp)
-        recorder = Recorder(exp, engine, progress=progress)
+        ckpt = load_checkpoint(resume_dir) if resume_dir else None
+        if ckpt is not None:
+            strategy.resume(ckpt)
+        recorder = Recorder(exp, engine or engine_of(grid), progress=progress, resume=ckpt,
+                            posterior=strategy.posterior if ckpt is not None else None)
+        strategy.on_checkpoint = recorder.checkpoint
 
         def record(update: int, arrays) -> None:
             recorder.record(update, strategy.posterior, strategy.round_logs[update])

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from fedbayes_flwr import processes
+
 REPO = Path(__file__).resolve().parents[1]
 APP_ITEMS = ("pyproject.toml", "README.md", "fedbayes_flwr", "strategies", "clients")
 
@@ -162,32 +164,11 @@ def _cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def _has_env(pid: int, key: str, value: str) -> bool:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # gone, or not ours
-        return False
-    return f"{key}={value}".encode() in raw.split(b"\0")
-
-
-def _pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def _alive(pid: int) -> bool:
-    """True for a live process; zombies count as gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def local_superlink_pids(flwr_home: Path) -> list[int]:
     """PIDs of ``flower-superlink`` processes started for ``flwr_home`` (by ``flwr`` or us)."""
     log_file = str(flwr_home / "local-superlink" / "superlink.log")
     out = []
-    for pid in _pids():
+    for pid in processes.pids():
         argv = _cmdline(pid)
         if any(a.endswith("flower-superlink") for a in argv) and log_file in argv:
             out.append(pid)
@@ -197,8 +178,8 @@ def local_superlink_pids(flwr_home: Path) -> list[int]:
 def processes_of(flwr_home: Path) -> list[int]:
     """PIDs of live processes (other than this one) whose environment has this FLWR_HOME."""
     me = os.getpid()
-    return [pid for pid in _pids()
-            if pid != me and _has_env(pid, "FLWR_HOME", str(flwr_home)) and _alive(pid)]
+    return [pid for pid in processes.pids() if pid != me
+            and processes.has_env(pid, f"FLWR_HOME={flwr_home}") and processes.alive(pid)]
 
 
 def describe(pids: list[int]) -> str:
@@ -217,16 +198,16 @@ def stop_pids(pids: list[int], grace_s: float = 10.0) -> list[int]:
         except ProcessLookupError:
             pass
     end = time.monotonic() + grace_s
-    while time.monotonic() < end and any(_alive(p) for p in pids):
+    while time.monotonic() < end and any(processes.alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
-        if _alive(pid):
+        if processes.alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
     time.sleep(0.2)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if processes.alive(p)]
 
 
 def stop_flower(flwr_home: Path) -> list[int]:
@@ -251,3 +232,98 @@ def task_identity(run_id: int = 1, node_id: int = 1, task_id: int = 1):
         yield
     finally:
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+# --- an in-process Grid ----------------------------------------------------------------------
+NODE_ID_OFFSET = 100  # node ID = NODE_ID_OFFSET + partition ID
+
+
+class LoopbackGrid:
+    """A Flower Grid in this process, for driving the generic strategy without a SuperLink.
+
+    Every pushed message is answered at once by the real client handler
+    (:func:`clients.handler.handle`) on its node's own ``Context``; a fresh instance is a new
+    run (every node's ``context.state`` is empty, as Flower leaves it). The partition query
+    (``send_and_receive``) is answered from the partition IDs.
+
+    A handler that raises becomes what Flower's link returns: an error reply
+    (``CLIENT_APP_RAISED_EXCEPTION``) for a ``ValueError`` (e.g. a refused client-state
+    version) or an injected fault; an injected ``hang`` never answers (a test patches the
+    handler's sleep away): once the message's ttl has passed, a pull returns Flower's
+    MESSAGE_UNAVAILABLE error from the SuperLink node.
+
+    Attributes
+    ----------
+    contexts : dict
+        Node ID -> that node's ``Context`` (a test may wipe ``.state``: a SuperNode restart).
+    pushed : list
+        ``(partition, message)`` for every pushed message, in order.
+    actions : list
+        ``(partition, action)`` for every pushed message, in order (the envelope's action).
+    """
+
+    def __init__(self, exp):
+        from flwr.app import Context, RecordDict
+
+        self.exp = exp
+        self.contexts = {NODE_ID_OFFSET + p: Context(1, NODE_ID_OFFSET + p, {"partition-id": p},
+                                                     RecordDict(), {})
+                         for p in range(exp.num_clients)}
+        self.pushed: list = []
+        self.actions: list = []
+        self.replies: dict = {}  # message id -> reply Message, or None while hung
+        self.sent: dict = {}  # message id -> the pushed Message
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, timeout):  # the partition query
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        return [Message(RecordDict({"config": ConfigRecord(
+            {"partition-id": m.metadata.dst_node_id - NODE_ID_OFFSET,
+             "num-partitions": self.exp.num_clients})}), reply_to=m) for m in messages]
+
+    def push_messages(self, messages):
+        import uuid
+
+        from flwr.app import Error, Message
+        from flwr.common.constant import ErrorCode
+
+        from clients.handler import handle
+        from fedbayes_flwr import codec
+        from fedbayes_flwr.faults import InjectedFault
+
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = mid = str(uuid.uuid4())
+            node = m.metadata.dst_node_id
+            partition = node - NODE_ID_OFFSET
+            self.pushed.append((partition, m))
+            self.actions.append((partition, str(codec.config_of(m.content)["action"])))
+            self.sent[mid] = m
+            try:
+                self.replies[mid] = handle(self.exp, partition, m, self.contexts[node])
+            except (InjectedFault, ValueError) as err:  # the ClientApp raised
+                hung = isinstance(err, InjectedFault) and err.kind == "hang"
+                self.replies[mid] = None if hung else Message(
+                    Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(err)), reply_to=m)
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = []
+        for mid in message_ids:
+            reply = self.replies.get(mid)
+            meta = self.sent[mid].metadata
+            if reply is not None:
+                out.append(reply)
+                del self.replies[mid]
+            elif mid in self.replies and time.time() > meta.created_at + meta.ttl:
+                from flwr.server.superlink.linkstate.utils import (
+                    create_message_error_unavailable_ins_message,
+                )
+
+                out.append(create_message_error_unavailable_ins_message(mid, meta.run_id))
+                del self.replies[mid]
+        return out

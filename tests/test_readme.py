@@ -55,3 +55,31 @@ def test_cli_command_runs(tmp_path, index):
     code = run_simulation.main([*argv, "--engine", "in-process", "--quiet", "--num-rounds", "1",
                                 "--output-dir", str(tmp_path / "out")])
     assert code == 0
+
+
+def _pytest_commands() -> list[list[str]]:
+    """Every ``python -m pytest`` command in a bash block (the test commands the README shows)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+        for command in block.splitlines():
+            if " -m pytest" in command:
+                words = shlex.split(command)
+                out.append(words[words.index("pytest") + 1:])
+    return out
+
+
+def test_readme_test_commands_select_tests():
+    """The README's test commands: the default suite (what ``.ci/run`` runs, which fails on
+    pytest's exit 5 itself) and the deployment tests, which must collect exactly the tests that
+    start real processes (exit 5 there would be a silent failure)."""
+    commands = _pytest_commands()
+    assert ["-q"] in commands and ["-q", "-m", "deployment"] in commands
+    for args in [c for c in commands if c != ["-q"]]:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", *args],
+                              capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
+        selected = [ln for ln in proc.stdout.splitlines() if "::" in ln]
+        assert selected, args
+        if "deployment" in args:  # only the deployment tests, and all of them are marked
+            assert all(ln.split("::")[0].endswith(("test_deployment.py", "test_ray_cluster.py"))
+                       for ln in selected), selected

@@ -185,7 +185,7 @@ def as_float_array(arr: np.ndarray, key: str, where: str) -> np.ndarray:
 
 
 def as_x(arr: np.ndarray, key: str, where: str) -> np.ndarray:
-    """Inputs as float64 ``(n, d)`` with ``n >= 1`` (1-D input becomes one column)."""
+    """Inputs as float64 ``(n, d)`` with ``n, d >= 1`` (1-D input becomes one column)."""
     x = as_float_array(arr, key, where)
     if x.ndim == 1:
         x = x.reshape(-1, 1)
@@ -193,6 +193,8 @@ def as_x(arr: np.ndarray, key: str, where: str) -> np.ndarray:
         raise DataError(f"{where}: key '{key}' must be 1-D or 2-D, got shape {x.shape}")
     if x.shape[0] == 0:
         raise DataError(f"{where}: key '{key}' has no rows")
+    if x.shape[1] == 0:
+        raise DataError(f"{where}: key '{key}' has no columns (features)")
     return f64(x)
 
 
