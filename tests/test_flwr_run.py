@@ -68,6 +68,7 @@ def test_readme_has_the_six_flwr_commands():
     assert all("$PWD/" in c and "--federation-config" in c for c in FLWR_COMMANDS)
 
 
+@pytest.mark.deployment  # starts Flower's detached local SuperLink; ~3 min: out of the default suite
 def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path):
     repo_pyproject = _sha256(REPO / "pyproject.toml")
     flwr_home = tmp_path / "flwr-home"

@@ -81,5 +81,5 @@ def test_readme_test_commands_select_tests():
         selected = [ln for ln in proc.stdout.splitlines() if "::" in ln]
         assert selected, args
         if "deployment" in args:  # only the deployment tests, and all of them are marked
-            assert all(ln.split("::")[0].endswith(("test_deployment.py", "test_ray_cluster.py"))
-                       for ln in selected), selected
+            assert all(ln.split("::")[0].endswith(("test_deployment.py", "test_ray_cluster.py",
+                                                    "test_flwr_run.py")) for ln in selected), selected

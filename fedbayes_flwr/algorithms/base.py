@@ -116,7 +116,11 @@ class StepInfo(NamedTuple):
     accepted, rejected : tuple
         Partitions whose replies were applied; :class:`Rejection` s of this step.
     settled : bool
-        False while the update still needs follow-up exchanges before it can be recorded.
+        False while the update just made (``updates >= 1``) still needs follow-up exchanges
+        before it can be recorded (PVI's free-energy query): the next exchange keeps its update
+        number. An exchange that works *towards* an update without making it (PVI's train
+        exchange before its step search, a gossip round) returns ``updates = 0`` with
+        ``settled = True``: the next exchange then has the same number ``update + 1``.
     metrics : dict
         Scalars for the history row (``log_marginal_likelihood``, ``prior_scale``, ...).
     diagnostics : dict
