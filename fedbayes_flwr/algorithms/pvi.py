@@ -513,6 +513,14 @@ def _combined(state: ServerState, step: float) -> NaturalGaussian:
     return posterior
 
 
+def _with_factors(state: ServerState, factors: NaturalGaussian) -> NaturalGaussian:
+    """``q`` with every client's factor replaced by ``factors`` (stacked): ``q`` times
+    ``prod_k factors_k / t_k``."""
+    change = NaturalGaussian(factors.eta1.sum(0) - state.factors.eta1.sum(0),
+                             factors.eta2.sum(0) - state.factors.eta2.sum(0))
+    return G.add(state.posterior, G.like(state.posterior, change))
+
+
 def candidates(state: ServerState, config: PVIConfig) -> Candidates:
     """The candidates of search exchange ``state.search`` (see :mod:`pvi_step`)."""
     steps = S.step_sizes(config.first_step, config.line_search_steps, state.search)
@@ -524,9 +532,7 @@ def candidates(state: ServerState, config: PVIConfig) -> Candidates:
         if aa is None:
             posts.append(state.posterior)
         else:
-            change = NaturalGaussian(aa.eta1.sum(0) - state.factors.eta1.sum(0),
-                                     aa.eta2.sum(0) - state.factors.eta2.sum(0))
-            posts.append(G.add(state.posterior, G.like(state.posterior, change)))
+            posts.append(_with_factors(state, aa))
         all_steps.append(float("nan"))
     proper = np.array([bool(np.all(np.isfinite(q.eta1)) and np.all(np.isfinite(q.eta2))
                             and G.is_proper(q)) for q in posts])
@@ -585,9 +591,7 @@ def _finish(state: ServerState, step: float, anderson: NaturalGaussian | None,
     round."""
     if anderson is not None:
         factors = anderson
-        posterior = G.add(state.posterior, G.like(state.posterior, NaturalGaussian(
-            anderson.eta1.sum(0) - state.factors.eta1.sum(0),
-            anderson.eta2.sum(0) - state.factors.eta2.sum(0))))
+        posterior = _with_factors(state, anderson)
         accepted = tuple(range(state.received.shape[0]))
     elif step > 0:
         factors = G.add(state.factors, G.scale(state.deltas, step))
