@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import dhmc
+from .gossip import parse_schedule, scheduled_rounds
 
 
 class Run(NamedTuple):
@@ -42,20 +43,25 @@ def _unstack(state: dhmc.AgentState, m: int) -> list:
 
 
 def simulate(potentials: list, mixing: np.ndarray, w0: np.ndarray, epsilon: float,
-             iterations: int, warmup: int = 0, rounds: int = 1, seed: int = 0,
+             iterations: int, warmup: int = 0, rounds: int | str = 1, seed: int = 0,
              integrator: str = "leapfrog", energy: str = "taylor", adapt: bool = True,
              target_accept: float = 0.6, posterior_var=None, decision: str = "local",
              warmup_metropolis: bool = True) -> Run:
-    """Run ``warmup + iterations`` iterations from ``w0 (K, d)`` (module docstring)."""
+    """Run ``warmup + iterations`` iterations from ``w0 (K, d)`` (module docstring); ``rounds``
+    is a number of mixing rounds per phase or a schedule
+    (:func:`fedbayes_flwr.gossip.parse_schedule`)."""
     m = len(potentials)
     k, d = w0.shape
-    mix = np.linalg.matrix_power(np.asarray(mixing, dtype=np.float64), rounds)
+    schedule = parse_schedule(rounds) if isinstance(rounds, str) else ((-1, int(rounds)),)
+    powers = {r: np.linalg.matrix_power(np.asarray(mixing, dtype=np.float64), r)
+              for _, r in schedule}
     states = [dhmc.init_agent(pot, w0) for pot in potentials]
     da = dhmc.dual_averaging_init(epsilon)
     eps = epsilon
     kept, consensus, accepts, disagree = [], [], [], []
     evals = 1
     for it in range(warmup + iterations):
+        mix = powers[scheduled_rounds(schedule, it)]
         rng = np.random.default_rng([seed, it])
         p, log_u = dhmc.shared_draws(rng, k, d)
         warm = it < warmup

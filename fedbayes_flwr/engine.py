@@ -26,7 +26,8 @@ import threading
 import time
 from typing import NamedTuple
 
-from .algorithms.base import Rejection, Round, client_seed, round_seed
+from .algorithms.base import Rejection, Round, client_seed, failure_policy, round_seed
+from .errors import RunStopped
 from .experiment import Experiment, build_experiment, payload_nbytes
 from .faults import RAISED, InjectedFault, active_fault, client_durations, corrupt
 from .validation import check_message
@@ -51,15 +52,6 @@ def check_stop() -> None:
     """Raise :class:`Interrupted` if :func:`request_stop` was called."""
     if _STOP.is_set():
         raise Interrupted("interrupted by the user")
-
-
-class RunStopped(RuntimeError):
-    """A bundle with the ``stop`` failure policy met a failure; ``reason`` is one line."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-        self.state = None  # the server state when the run stopped, where an engine knows it
 
 
 class RoundLog(NamedTuple):
@@ -247,10 +239,10 @@ def _iterate_barrier(exp: Experiment, num_updates: int, resume=None, on_record=N
                    for pid, req in sorted(requests.items())}
         try:
             replies = _apply_policy(exp, state, side, requests, replies, number, tally)
+            state, info = bundle.server_step(state, sorted(replies.items()), setup, rnd)
         except RunStopped as err:
             err.state = state  # the caller saves what was computed before the failure
             raise
-        state, info = bundle.server_step(state, sorted(replies.items()), setup, rnd)
         update += info.updates
         settled = info.settled
         tally.add(info)
@@ -269,7 +261,7 @@ def _apply_policy(exp, state, side, requests, replies, number, tally):
     """Failure policy: ``retry`` re-sends failed requests with fresh attempt seeds (up to
     ``max-retries``), ``stop`` raises :class:`RunStopped`, ``retry-stop`` does both in that order,
     ``reject`` goes on."""
-    policy = exp.bundle.failure_policy
+    policy = failure_policy(exp.bundle, exp.setup.config)
     if policy in ("retry", "retry-stop"):
         for attempt in range(1, exp.config.max_retries + 1):
             failed = [pid for pid, r in replies.items()

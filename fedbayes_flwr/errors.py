@@ -5,3 +5,14 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """A run-config key is unknown or has a bad value (the message is one line naming the key)."""
+
+
+class RunStopped(RuntimeError):
+    """A bundle with the ``stop`` failure policy met a failure, or a bundle cannot go on (its
+    ``server_step`` may raise it); ``reason`` is one line. The engines save the samples so far
+    (``state``: the server state when the run stopped, where an engine knows it)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+        self.state = None

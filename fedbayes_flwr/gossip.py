@@ -420,6 +420,74 @@ def make_graph(spec: str, m: int, seed: int = 0) -> Graph:
     raise ValueError(f"unknown graph spec {spec!r}; expected {_SYNTAX}")
 
 
+def induced(graph: Graph, keep) -> Graph:
+    """The subgraph on the agents ``keep`` (relabelled ``0 .. len(keep) - 1`` in that order):
+    what remains of the graph when the other agents drop out.
+
+    Raises
+    ------
+    ValueError
+        If ``keep`` is empty, names an unknown or repeated agent, or leaves a disconnected graph
+        (the message lists the pieces, in the original labels).
+    """
+    keep = [int(k) for k in keep]
+    if not keep:
+        raise ValueError("no agent left")
+    if len(set(keep)) != len(keep) or min(keep) < 0 or max(keep) >= graph.size:
+        raise ValueError(f"agents {keep} are not distinct agents of a graph of {graph.size}")
+    sub = graph.adjacency[np.ix_(keep, keep)]
+    n_comp, labels = connected_components(csr_array(sub), directed=False)
+    if n_comp > 1:
+        pieces = [[keep[i] for i in np.flatnonzero(labels == c)] for c in range(n_comp)]
+        raise ValueError(f"the remaining graph is disconnected: {' | '.join(map(str, pieces))}")
+    return Graph(sub.copy(), f"{graph.name} without {sorted(set(range(graph.size)) - set(keep))}")
+
+
+def parse_schedule(text: str) -> tuple[tuple[int, int], ...]:
+    """A mixing-round schedule ``"R1:T1,R2:T2,...,RL"``: ``R1`` rounds per phase for iterations
+    ``t <= T1``, ``R2`` for ``T1 < t <= T2``, ..., ``RL`` afterwards (the last value caps it).
+    Returns ``((T1, R1), ..., (inf, RL))`` as ints (``-1`` standing for infinity). The reference
+    code's milestones 2000, 3000, 4000 with 1, 2, 3 rounds are ``"1:2000,2:3000,3"``.
+
+    Raises
+    ------
+    ValueError
+        For a malformed entry, rounds below 1, milestones not increasing, or a last entry with a
+        milestone.
+    """
+    entries = [e.strip() for e in str(text).split(",") if e.strip()]
+    if not entries:
+        raise ValueError("empty mixing schedule")
+    out, last = [], -1
+    for i, entry in enumerate(entries):
+        rounds, sep, until = entry.partition(":")
+        final = i == len(entries) - 1
+        if final and sep:
+            raise ValueError(f"the last entry {entry!r} must be rounds only (it holds from its "
+                             f"milestone on), e.g. \"1:2000,5:3000,10\"")
+        if not final and not sep:
+            raise ValueError(f"entry {entry!r} needs a milestone, ROUNDS:ITERATION")
+        try:
+            r, t = int(rounds), (int(until) if sep else -1)
+        except ValueError:
+            raise ValueError(f"entry {entry!r} is not ROUNDS:ITERATION with integers") from None
+        if r < 1:
+            raise ValueError(f"entry {entry!r}: rounds must be >= 1")
+        if sep and t <= last:
+            raise ValueError(f"entry {entry!r}: milestones must increase")
+        last = t if sep else last
+        out.append((t, r))
+    return tuple(out)
+
+
+def scheduled_rounds(schedule: tuple[tuple[int, int], ...], iteration: int) -> int:
+    """The rounds per phase at ``iteration`` under a :func:`parse_schedule` schedule."""
+    for until, rounds in schedule:
+        if until < 0 or iteration <= until:
+            return rounds
+    return schedule[-1][1]
+
+
 def _sized(graph: Graph, m: int, spec: str) -> Graph:
     if graph.size != m:
         raise ValueError(f"graph spec {spec!r} gives an adjacency for {graph.size} agents but "

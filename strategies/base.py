@@ -32,7 +32,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedbayes_flwr import codec
-from fedbayes_flwr.algorithms.base import Rejection, Round, round_seed
+from fedbayes_flwr.algorithms.base import Rejection, Round, failure_policy, round_seed
 from fedbayes_flwr.checkpoint import STATE_LOST, VERSION_KEY
 from fedbayes_flwr.config import section_items
 from fedbayes_flwr.engine import (
@@ -252,7 +252,7 @@ class BundleStrategy(Strategy):
         self._tally.add(info)
 
     def _retry_or_stop(self, grid: Grid, decoded: dict, timeout: float) -> dict:
-        policy = self.bundle.failure_policy
+        policy = failure_policy(self.bundle, self.setup.config)
         if policy in ("retry", "retry-stop"):
             for attempt in range(1, self.max_retries + 1):
                 failed = [pid for pid, r in decoded.items()

@@ -204,7 +204,9 @@ class Bundle(NamedTuple):
         ``mode(config) -> "barrier" | "apply-on-arrival"``.
     done : callable
         ``done(server_state, setup) -> bool``, checked at evaluation points (a target ESS).
-    failure_policy : str
+    failure_policy : str or callable
+        ``policy(config) -> str`` when it depends on the bundle's settings (e.g. decentralized
+        HMC: ``retry-stop`` unless ``on-dropout = continue``), else one of:
         ``reject`` (go on without the reply), ``retry`` (re-send with a fresh attempt seed, up to
         ``max-retries``, then reject), ``stop`` (end the run with a one-line reason; results
         are written) or ``retry-stop`` (retry, then stop: for samplers whose target loses a term
@@ -233,10 +235,16 @@ class Bundle(NamedTuple):
     check: Callable = _no_check
     mode: Callable = _barrier
     done: Callable = _never
-    failure_policy: str = "reject"
+    failure_policy: str | Callable = "reject"
     corrupt: Callable | None = None
     prior_diag: Callable = _diag_if_mean_field
     structured_models: bool = False
+
+
+def failure_policy(bundle: Bundle, config) -> str:
+    """The bundle's failure policy (one of :data:`FAILURE_POLICIES`) under its ``config``."""
+    policy = bundle.failure_policy
+    return policy(config) if callable(policy) else policy
 
 
 def round_seed(run_seed: int, bundle: str, number: int, step: int) -> np.ndarray:

@@ -6,7 +6,8 @@ the largest degree with sender id -1), its row of the Metropolis-Hastings mixing
 shared step size. All the maths is in :mod:`fedbayes_flwr.dhmc` (agents) and
 :mod:`fedbayes_flwr.gossip` (graph, weights).
 
-**Exchanges of one iteration** (``s`` = ``dhmc.mixing-rounds``, ``D`` = the graph's diameter):
+**Exchanges of one iteration** (``s`` = ``dhmc.mixing-rounds``, or the value of
+``dhmc.mixing-schedule`` at this iteration; ``D`` = the graph's diameter):
 
 * ``s`` exchanges mixing ``[z, a]`` (proposal and energy tracker): each agent replies
   ``W_ii own + sum_j W_ij inbox_j``; after the last it takes the gradient at its mixed proposal
@@ -36,8 +37,16 @@ copies are near-identical); every agent's iterates are saved as ``agent_samples`
 
 **Stopping**: ``dhmc.iterations > 0`` sampling iterations, else the pooled minimum ESS reaches
 ``dhmc.target-ess`` or ``dhmc.max-seconds`` pass. **Failures**: a missing or bad reply is
-retried, then the run stops with the samples so far saved (an agent is never dropped: its data
-would leave the target).
+retried, then (``dhmc.on-dropout = stop``, the default) the run stops with the samples so far
+saved: a dropped agent's data would leave the target. With ``on-dropout = continue`` the agents
+that still fail after the retries are dropped and the run goes on over the remaining graph,
+if it is connected (else it stops, naming the pieces): the Metropolis-Hastings weights and the
+diameter are those of the remaining graph, every survivor restarts the interrupted iteration from
+the survivors' average iterate with its trackers re-initialised (``y = g_last = grad U_i``,
+``aleph = 0``) and the prior split over the survivors (``U_i = -log p(D_i | w) - log p_0 / m'``),
+so the chains then sample ``p_0(w) prod_{i alive} p(D_i | w)``: **the target excludes the dropped
+agents' data** from that iteration on. Their rows of ``agent_samples`` are NaN from then on;
+the pooled samples average the survivors; ``dropped_at`` (iteration, or -1) is saved.
 
 References
 ----------
@@ -58,7 +67,8 @@ import numpy as np
 
 from .. import dhmc as H
 from .. import gaussian as G
-from ..errors import ConfigError
+from ..errors import ConfigError, RunStopped
+from ..gossip import parse_schedule, scheduled_rounds
 from ..seeds import derive_seed, numpy_rng
 from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
 from .routing import padded_inboxes
@@ -68,6 +78,7 @@ ULA = "ula"
 ULA_DECAY, ULA_OFFSET, ULA_STEP = 0.55, 230.0, 1e-3
 START, MIX_ZA, MIX_B, FLOOD = 0, 1, 2, 3
 DECISIONS = ("agree", "local")
+DROPOUTS = ("stop", "continue")
 DEFAULT_EVAL_EVERY = 100
 NO_CAP = 10**9
 
@@ -115,6 +126,15 @@ class DHMCConfig:
         logistic regression at the adapted step; README).
     decision : str
         ``agree`` (flooded AND of the agents' decisions) or ``local`` (each agent its own).
+    mixing_schedule : str
+        Empty (default: ``mixing-rounds`` throughout) or a capped schedule of rounds per phase
+        by iteration (warm-up included), ``"R1:T1,R2:T2,...,RL"``
+        (:func:`fedbayes_flwr.gossip.parse_schedule`); the reference code's 1, 5, 10 rounds at
+        milestones are e.g. ``"1:100,5:200,10"``.
+    on_dropout : str
+        ``stop`` (default: the run ends with a clear error and the samples so far saved) or
+        ``continue`` (drop the agent and go on over the remaining connected graph; the target
+        then excludes its data: module docstring).
     """
 
     graph: str = "ring"
@@ -131,11 +151,13 @@ class DHMCConfig:
     integrator: str = "leapfrog"
     energy: str = "exact"
     decision: str = "agree"
+    mixing_schedule: str = ""
+    on_dropout: str = "stop"
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
         from ..gossip import make_graph
-        from ..models import Model, make_model, model_class
+        from ..models import make_model, model_class
 
         def need(ok: bool, key: str, msg: str):
             if not ok:
@@ -158,6 +180,13 @@ class DHMCConfig:
              f"unknown energy {self.energy!r}; choose one of {', '.join(H.ENERGIES)}")
         need(self.decision in DECISIONS, "decision",
              f"unknown decision {self.decision!r}; choose one of {', '.join(DECISIONS)}")
+        need(self.on_dropout in DROPOUTS, "on-dropout",
+             f"unknown value {self.on_dropout!r}; choose one of {', '.join(DROPOUTS)}")
+        if self.mixing_schedule:
+            try:
+                parse_schedule(self.mixing_schedule)
+            except ValueError as err:
+                raise ConfigError(f"dhmc.mixing-schedule: {err}") from None
         try:
             make_graph(self.graph, run.num_clients, run.seed)
         except ValueError as err:
@@ -165,10 +194,10 @@ class DHMCConfig:
         if getattr(model_class(run.model), "structured", False):
             return
         model = make_model(run.model, run.noise_scale)
-        if type(model).pdmp_potential is Model.pdmp_potential:
+        if not model.has_hmc_potential():
             raise ConfigError(f"model: decentralized HMC needs the model's numpy potential; "
                               f"{run.model!r} has none (gaussian-mean, linear-regression, "
-                              f"logistic-regression, ar1-student-t do)")
+                              f"logistic-regression, ar1-student-t, bnn-classifier do)")
 
 
 class Topology(NamedTuple):
@@ -180,21 +209,30 @@ class Topology(NamedTuple):
     diameter: int
 
 
-def topology(setup) -> Topology:
-    """The run's graph (:func:`fedbayes_flwr.gossip.make_graph`) and Metropolis weights."""
-    return _topology(setup.config.graph, setup.num_clients, setup.run_seed)
+def topology(setup, alive=None) -> Topology:
+    """The run's graph (:func:`fedbayes_flwr.gossip.make_graph`) and Metropolis weights; with
+    ``alive`` (a boolean mask over the agents) the remaining graph's, in the original labels
+    (``ValueError`` if it is disconnected)."""
+    keep = None if alive is None or np.all(alive) else tuple(int(i) for i in np.flatnonzero(alive))
+    return _topology(setup.config.graph, setup.num_clients, setup.run_seed, keep)
 
 
 @functools.lru_cache(maxsize=32)
-def _topology(spec: str, num_agents: int, seed: int) -> Topology:
+def _topology(spec: str, num_agents: int, seed: int, keep: tuple | None = None) -> Topology:
     from scipy.sparse.csgraph import shortest_path
 
-    from ..gossip import make_graph, metropolis_weights
+    from ..gossip import induced, make_graph, metropolis_weights
 
     graph = make_graph(spec, num_agents, seed)
-    w = metropolis_weights(graph)
-    nbrs = graph.neighbours
-    width = max(1, max(len(v) for v in nbrs.values()))
+    width = max(1, int(graph.degrees.max()))  # the templates' width, kept when agents drop
+    labels = list(range(num_agents)) if keep is None else list(keep)
+    if keep is not None:
+        graph = induced(graph, keep)
+    small = metropolis_weights(graph)
+    w = np.zeros((num_agents, num_agents))
+    w[np.ix_(labels, labels)] = small
+    nbrs = {labels[i]: tuple(labels[j] for j in others)
+            for i, others in graph.neighbours.items()}
     senders = np.full((num_agents, width), -1, np.int64)
     for agent, others in nbrs.items():
         senders[agent, :len(others)] = others
@@ -202,8 +240,17 @@ def _topology(spec: str, num_agents: int, seed: int) -> Topology:
     return Topology(nbrs, w, senders, int(dist.max()) if dist.size else 0)
 
 
+def mixing_rounds(config: DHMCConfig, iteration: int) -> int:
+    """Rounds per mixing phase at ``iteration``: ``mixing-schedule`` if set, else
+    ``mixing-rounds``."""
+    if not config.mixing_schedule:
+        return config.mixing_rounds
+    return scheduled_rounds(parse_schedule(config.mixing_schedule), iteration)
+
+
 class ServerState(NamedTuple):
-    """Routing state, the shared step size, and what the run recorded."""
+    """Routing state, the shared step size, and what the run recorded; ``alive (m,)`` which
+    agents take part, ``dropped_at (m,)`` the iteration each one dropped out at (-1: never)."""
 
     iteration: int
     phase: int
@@ -218,6 +265,8 @@ class ServerState(NamedTuple):
     exchanges: int
     grad_evals: int
     started: float
+    alive: np.ndarray
+    dropped_at: np.ndarray
 
 
 class AgentState(NamedTuple):
@@ -236,9 +285,11 @@ class AgentState(NamedTuple):
 
 
 class Down(NamedTuple):
-    """``inbox (width, K, F)`` from the ``senders`` (``-1``: padding); ``weights`` =
+    """``inbox (width, K, F)`` from the ``senders`` (``-1``: padding; at the start the first
+    slot carries the starting position ``(K, d)``, the same for every agent); ``weights`` =
     ``(W_ii, W_i,senders...)``; phase, round and iteration; the step size for the next
-    iteration to begin; whether the Metropolis test is on."""
+    iteration to begin; whether the Metropolis test is on; the number of agents taking part;
+    the rounds of this phase; whether a flooding phase follows the gradient mixing."""
 
     inbox: np.ndarray
     senders: np.ndarray
@@ -248,6 +299,9 @@ class Down(NamedTuple):
     iteration: int
     epsilon: float
     metropolis: int
+    agents: int
+    rounds: int
+    flood: int
 
 
 class Up(NamedTuple):
@@ -270,15 +324,17 @@ def _dims(setup) -> tuple[int, int, int]:
     return setup.config.num_chains, d, 2 * d + 1
 
 
-def local_potential(setup, data):
-    """``U_i``: the agent's likelihood potential plus ``1/m`` of the prior's (cached by the
-    rows' content)."""
+def local_potential(setup, data, agents: int | None = None):
+    """``U_i``: the agent's likelihood potential plus ``1/m`` of the prior's, ``m`` = ``agents``
+    taking part (default: all; cached by the rows' content)."""
     from ..pdmp.potentials import cached, from_natural
 
+    agents = agents or setup.num_clients
+
     def build():
-        return H.LocalPotential(setup.model.pdmp_potential(data.x, data.y),
-                                from_natural(setup.prior), setup.num_clients)
-    return cached(("dhmc", id(setup.model), setup.num_clients, setup.prior.dim), data, build)
+        return H.LocalPotential(setup.model.hmc_potential(data.x, data.y),
+                                from_natural(setup.prior), agents)
+    return cached(("dhmc", id(setup.model), agents, setup.prior.dim), data, build)
 
 
 def initial_position(setup) -> np.ndarray:
@@ -310,10 +366,11 @@ def _pad(values: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def _begin(st: AgentState, pot, setup, iteration: int, epsilon: float) -> AgentState:
+def _begin(st: AgentState, pot, setup, iteration: int, epsilon: float,
+           agents: int) -> AgentState:
     c = setup.config
     p, _ = shared(setup, iteration)
-    agent, z, a = H.begin(st.agent, pot, p, epsilon, setup.num_clients, c.integrator, c.energy)
+    agent, z, a = H.begin(st.agent, pot, p, epsilon, agents, c.integrator, c.energy)
     return st._replace(agent=agent, own=_pad(np.concatenate([z, a[:, None]], axis=1),
                                              2 * z.shape[1] + 1),
                        epsilon=np.array([epsilon]))
@@ -322,16 +379,18 @@ def _begin(st: AgentState, pot, setup, iteration: int, epsilon: float) -> AgentS
 def _apply_and_begin(st: AgentState, pot, setup, msg: Down) -> AgentState:
     agent = H.apply(st.agent, st.z_mixed, st.aleph_mixed, st.y_mixed, st.y_kept,
                     st.decided > 0.5)
-    return _begin(st._replace(agent=agent), pot, setup, msg.iteration + 1, msg.epsilon)
+    return _begin(st._replace(agent=agent), pot, setup, msg.iteration + 1, msg.epsilon,
+                  msg.agents)
 
 
 # ---------------------------------------------------------------------------- bundle functions
 def _init_server(setup) -> ServerState:
     k, d, f = _dims(setup)
     eps = setup.config.step_size
-    return ServerState(0, START, 0, np.zeros((setup.num_clients, k, f)), eps,
-                       H.dual_averaging_init(eps), (), (), (), np.zeros((setup.num_clients, k, d)),
-                       0, 0, time.time())
+    m = setup.num_clients
+    return ServerState(0, START, 0, np.zeros((m, k, f)), eps, H.dual_averaging_init(eps), (), (),
+                       (), np.zeros((m, k, d)), 0, 0, time.time(), np.ones(m, bool),
+                       np.full(m, -1, np.int64))
 
 
 def _client_state_template(setup) -> AgentState:
@@ -345,30 +404,58 @@ def _init_client(setup, partition_id: int) -> AgentState:
     return _client_state_template(setup)
 
 
+def _phase_rounds(state: ServerState, setup, topo: Topology) -> int:
+    """How many exchanges the current phase has."""
+    if state.phase == FLOOD:
+        return topo.diameter
+    return 0 if state.phase == START else mixing_rounds(setup.config, state.iteration)
+
+
 def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
-    topo = topology(setup)
+    topo = topology(setup, state.alive)
     c = setup.config
     metropolis = int(state.iteration >= c.warmup or c.warmup_metropolis)
-    routed = padded_inboxes(state.outbox, topo.neighbours, topo.weights)
+    width = topo.senders.shape[1]
+    outbox = state.outbox
+    if state.phase == START:  # the starting position travels in every agent's first slot
+        k, d, f = _dims(setup)
+        outbox = np.zeros((1, k, f))
+        outbox[0, :, :d] = _start_position(state, setup)
+        routed = {a: (np.concatenate([outbox, np.zeros((width - 1, k, f))]),
+                      np.full(width, -1, np.int64), np.zeros(width + 1)) for a in topo.neighbours}
+    else:
+        routed = padded_inboxes(outbox, topo.neighbours, topo.weights, width)
+    flood = int(c.decision == "agree" and topo.diameter > 0)
+    rounds = _phase_rounds(state, setup, topo)
+    agents = int(np.sum(state.alive))
     return {agent: Request(STEP, Down(inbox, senders, weights, state.phase, state.round,
-                                      state.iteration, float(state.epsilon), metropolis))
-            for agent, (inbox, senders, weights) in routed.items()}
+                                      state.iteration, float(state.epsilon), metropolis, agents,
+                                      rounds, flood))
+            for agent, (inbox, senders, weights) in sorted(routed.items())}
+
+
+def _start_position(state: ServerState, setup) -> np.ndarray:
+    """``(K, d)``: the prior draw at the first start; after a dropout, the survivors' average
+    iterate (``last_w``, NaN for the dropped)."""
+    if state.exchanges == 0:
+        return initial_position(setup)
+    return np.nanmean(state.last_w[state.alive], axis=0)
 
 
 def _client_step(seed, st: AgentState, request: Request, data, setup):
     msg, c = request.message, setup.config
-    pot = local_potential(setup, data)
+    pot = local_potential(setup, data, msg.agents)
     k, d, f = _dims(setup)
     prob, evals, decided = np.zeros(k), 0, np.zeros(k)
     if c.integrator == ULA:
         return _ula_step(seed, st, msg, pot, setup)
-    if msg.phase == START:
-        st = st._replace(agent=H.init_agent(pot, initial_position(setup)))
-        st = _begin(st, pot, setup, msg.iteration, msg.epsilon)
+    if msg.phase == START:  # first exchange, or a restart after a dropout
+        st = st._replace(agent=H.init_agent(pot, msg.inbox[0][:, :d]))
+        st = _begin(st, pot, setup, msg.iteration, msg.epsilon, msg.agents)
         evals = 1 + (c.energy == "exact")
     elif msg.phase == MIX_ZA:
         st = st._replace(own=_mix(st.own, msg))
-        if msg.round == c.mixing_rounds:  # z' and aleph' final: track the gradient at z'
+        if msg.round == msg.rounds:  # z' and aleph' final: track the gradient at z'
             z, a = st.own[:, :d], st.own[:, d]
             agent, b = H.track(st.agent, pot, z)
             st = st._replace(agent=agent, z_mixed=z, aleph_mixed=a,
@@ -376,14 +463,14 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
             evals = 1
     elif msg.phase == MIX_B:
         st = st._replace(own=_mix(st.own, msg))
-        if msg.round == c.mixing_rounds:  # y' final: this agent's Metropolis decision
+        if msg.round == msg.rounds:  # y' final: this agent's Metropolis decision
             y, y_kept = st.own[:, :d], st.own[:, d:2 * d]
             _, log_u = shared(setup, msg.iteration)
             out = H.decide(st.agent, st.aleph_mixed, y, log_u, float(st.epsilon[0]),
-                           setup.num_clients, c.integrator, bool(msg.metropolis))
+                           msg.agents, c.integrator, bool(msg.metropolis))
             prob, decided = out.accept_prob, out.accepted.astype(np.float64)
             st = st._replace(y_mixed=y, y_kept=y_kept, decided=decided, own=_pad(decided, f))
-            if c.decision == "local" or topology(setup).diameter == 0:
+            if not msg.flood:
                 st = _apply_and_begin(st, pot, setup, msg)
                 evals = c.energy == "exact"
     elif msg.phase == FLOOD:  # the AND of the neighbours' bits: after D rounds, everyone's
@@ -393,7 +480,7 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
                 bits = np.minimum(bits, msg.inbox[j][:, 0])
         st = st._replace(own=_pad(bits, f), decided=bits)
         decided = bits
-        if msg.round == topology(setup).diameter:
+        if msg.round == msg.rounds:
             st = _apply_and_begin(st, pot, setup, msg)
             evals = c.energy == "exact"
     return st, Up(st.own, st.agent.w, prob, decided, int(evals), msg.iteration), {}
@@ -408,14 +495,14 @@ def _ula_step(seed, st: AgentState, msg: Down, pot, setup):
     """Decentralized ULA: broadcast ``w``; after ``s`` mixing rounds take the Langevin step."""
     c = setup.config
     k, d, f = _dims(setup)
-    m = setup.num_clients
+    m = msg.agents
     evals = 0
     if msg.phase == START:
-        w = initial_position(setup)
+        w = msg.inbox[0][:, :d]
         st = st._replace(agent=st.agent._replace(w=w), own=_pad(w, f))
     else:
         st = st._replace(own=_mix(st.own, msg))
-        if msg.round == c.mixing_rounds:
+        if msg.round == msg.rounds:
             h = ula_step_size(c, msg.iteration)
             xi = numpy_rng(seed).standard_normal((k, d))
             w = (st.own[:, :d] - h * m * pot.grad(st.agent.w)
@@ -428,37 +515,78 @@ def _ula_step(seed, st: AgentState, msg: Down, pot, setup):
 def _next_phase(state: ServerState, setup) -> tuple[int, int, bool]:
     """``(phase, round, iteration complete)`` after the exchange ``state`` describes."""
     c = setup.config
+    topo = topology(setup, state.alive)
+    rounds = _phase_rounds(state, setup, topo)
     if c.integrator == ULA:
         if state.phase == START:
             return MIX_ZA, 1, False
-        done = state.round == c.mixing_rounds
+        done = state.round == rounds
         return MIX_ZA, 1 if done else state.round + 1, done
-    flood = c.decision == "agree" and topology(setup).diameter > 0
+    flood = c.decision == "agree" and topo.diameter > 0
     if state.phase == START:
         return MIX_ZA, 1, False
     if state.phase == MIX_ZA:
-        return (MIX_ZA, state.round + 1, False) if state.round < c.mixing_rounds else (
-            MIX_B, 1, False)
+        return (MIX_ZA, state.round + 1, False) if state.round < rounds else (MIX_B, 1, False)
     if state.phase == MIX_B:
-        if state.round < c.mixing_rounds:
+        if state.round < rounds:
             return MIX_B, state.round + 1, False
         return (FLOOD, 1, False) if flood else (MIX_ZA, 1, True)
-    if state.round < topology(setup).diameter:
+    if state.round < rounds:
         return FLOOD, state.round + 1, False
     return MIX_ZA, 1, True
 
 
+def _full(state: ServerState, good, field: str) -> np.ndarray:
+    """``(m, ...)`` of a reply field over every agent (NaN rows for those not taking part)."""
+    first = np.asarray(getattr(good[0][1], field), dtype=np.float64)
+    out = np.full((len(state.alive), *first.shape), np.nan)
+    for pid, reply in good:
+        out[pid] = getattr(reply, field)
+    return out
+
+
+def _drop(state: ServerState, setup, rejected, good) -> tuple[ServerState, StepInfo]:
+    """``on-dropout = continue``: drop the agents that failed (after the engines' retries) and
+    restart the interrupted iteration over the remaining graph (module docstring)."""
+    failed = sorted(r.partition_id for r in rejected)
+    alive = state.alive.copy()
+    alive[failed] = False
+    where = f"iteration {state.iteration}: agent(s) {failed} dropped out"
+    if not alive.any():
+        raise RunStopped(f"{where} and no agent is left")
+    try:
+        topology(setup, alive)
+    except ValueError as err:
+        raise RunStopped(f"{where}; {err}, so the run stops (the samples so far are saved)"
+                         ) from None
+    last_w = state.last_w.copy()
+    for pid, reply in good:  # the survivors' iterates before the interrupted iteration
+        last_w[pid] = reply.w
+    last_w[~alive] = np.nan
+    dropped_at = state.dropped_at.copy()
+    dropped_at[failed] = state.iteration
+    new = state._replace(phase=START, round=0, outbox=np.zeros_like(state.outbox), alive=alive,
+                         dropped_at=dropped_at, last_w=last_w, exchanges=state.exchanges + 1)
+    return new, StepInfo(updates=0, accepted=tuple(pid for pid, _ in good), rejected=rejected,
+                         diagnostics={"dhmc_dropped": failed,
+                                      "dhmc_agents": int(alive.sum())})
+
+
 def _server_step(state: ServerState, replies, setup, rnd):
     rejected = tuple(r for _, r in replies if isinstance(r, Rejection))
-    if rejected:  # retry-stop: the engines stop before this (an agent is never dropped)
-        raise RuntimeError(f"dhmc: {len(rejected)} agent replies missing")
+    good = sorted(((pid, r) for pid, r in replies if not isinstance(r, Rejection)),
+                  key=lambda item: item[0])
+    if rejected:  # on-dropout = stop: the engines stop before this (retry-stop)
+        return _drop(state, setup, rejected, good)
     c = setup.config
-    good = sorted(replies, key=lambda item: item[0])
-    outbox = np.stack([r.out for _, r in good])
+    outbox = np.zeros_like(state.outbox)
+    for pid, reply in good:
+        outbox[pid] = reply.out
     evals = state.grad_evals + sum(int(r.grad_evals) for _, r in good)
     eps, adaptation = state.epsilon, state.adaptation
     accepts, disagreements = state.accepts, state.disagreements
-    decided_phase = state.phase == MIX_B and state.round == c.mixing_rounds
+    decided_phase = (state.phase == MIX_B
+                     and state.round == mixing_rounds(c, state.iteration))
     if decided_phase:
         own = np.stack([r.decided for _, r in good]) > 0.5  # (m, K) each agent's own test
         if state.iteration < c.warmup:
@@ -475,14 +603,15 @@ def _server_step(state: ServerState, replies, setup, rnd):
     kept, last_w = state.kept, state.last_w
     updates = 0
     if complete:
-        last_w = np.stack([r.w for _, r in good])  # (m, K, d) after the decision
+        last_w = _full(state, good, "w")  # (m, K, d) after the decision (NaN: dropped)
         final = np.stack([r.decided for _, r in good]) > 0.5
         if state.iteration >= c.warmup:
             kept = kept + (last_w,)
             accepts = accepts + (float(final.mean()),)
         updates = 1
     new = ServerState(state.iteration + complete, phase, rnd_next, outbox, eps, adaptation, kept,
-                      accepts, disagreements, last_w, state.exchanges + 1, evals, state.started)
+                      accepts, disagreements, last_w, state.exchanges + 1, evals, state.started,
+                      state.alive, state.dropped_at)
     info = StepInfo(updates=updates, accepted=tuple(pid for pid, _ in good))
     if complete and rnd.evaluate:
         info = info._replace(metrics=_metrics(new, setup))
@@ -490,17 +619,25 @@ def _server_step(state: ServerState, replies, setup, rnd):
 
 
 def agent_samples(state: ServerState, setup) -> np.ndarray:
-    """``(m, K, T, d)``: every agent's iterates after the warm-up (the last iterate if none)."""
+    """``(m, K, T, d)``: every agent's iterates after the warm-up (the last iterate if none;
+    NaN for an agent from the iteration it dropped out at)."""
     if not state.kept:
         return state.last_w[:, :, None, :]
     return np.stack(state.kept, axis=2)
 
 
+def pooled_samples(state: ServerState, setup) -> np.ndarray:
+    """``(K, T, d)``: the average over the agents taking part at each kept iteration."""
+    samples = agent_samples(state, setup)
+    with np.errstate(invalid="ignore"):
+        return np.nanmean(samples, axis=0) if not state.alive.all() else samples.mean(axis=0)
+
+
 def _metrics(state: ServerState, setup) -> dict:
     samples = agent_samples(state, setup)
-    pooled = samples.mean(axis=0).reshape(-1, samples.shape[-1])
+    pooled = pooled_samples(state, setup).reshape(-1, samples.shape[-1])
     var = pooled.var(axis=0) if pooled.shape[0] > 1 else None
-    consensus = (float(np.mean(np.var(samples, axis=0) / np.where(var > 0, var, 1.0)))
+    consensus = (float(np.mean(np.nanvar(samples, axis=0) / np.where(var > 0, var, 1.0)))
                  if var is not None else float("nan"))
     ula = setup.config.integrator == ULA  # no Metropolis test: no acceptance rate
     return {"iterations": int(state.iteration), "step_size": float(state.epsilon),
@@ -509,7 +646,7 @@ def _metrics(state: ServerState, setup) -> dict:
             "disagreement_rate": (float(np.mean(state.disagreements))
                                   if state.disagreements else 0.0),
             "consensus_error": consensus, "exchanges": int(state.exchanges),
-            "grad_evals": int(state.grad_evals),
+            "grad_evals": int(state.grad_evals), "agents": int(state.alive.sum()),
             "wall_s": round(time.time() - state.started, 3)}
 
 
@@ -517,7 +654,9 @@ def _posterior(state: ServerState, setup):
     from ..posterior import TracePosterior
 
     samples = agent_samples(state, setup)
-    return TracePosterior(samples.mean(axis=0), extras={"agent_samples": samples},
+    return TracePosterior(pooled_samples(state, setup),
+                          extras={"agent_samples": samples,
+                                  "dropped_at": state.dropped_at.astype(np.float64)},
                           counts={"grad_evals": float(state.grad_evals),
                                   "exchanges": float(state.exchanges)})
 
@@ -532,15 +671,14 @@ def _done(state: ServerState, setup) -> bool:
         return False
     from ..posterior import SamplePosterior
 
-    return bool(np.min(SamplePosterior(agent_samples(state, setup).mean(axis=0)).ess())
-                >= c.target_ess)
+    return bool(np.min(SamplePosterior(pooled_samples(state, setup)).ess()) >= c.target_ess)
 
 
 def _actions(setup) -> dict[str, ActionSpec]:
     k, d, f = _dims(setup)
     width = topology(setup).senders.shape[1]
     down = Down(np.zeros((width, k, f)), np.zeros(width, np.int64), np.zeros(width + 1), 0, 0, 0,
-                0.0, 0)
+                0.0, 0, 0, 0, 0)
     up = Up(np.zeros((k, f)), np.zeros((k, d)), np.zeros(k), np.zeros(k), 0, 0)
     return {STEP: ActionSpec("train", down, up)}
 
@@ -559,6 +697,11 @@ def _corrupt(kind: str, reply, request: Request):
     raise ValueError(f"dhmc cannot make a {kind!r} fault")
 
 
+def _failure_policy(config: DHMCConfig) -> str:
+    """Retry, then stop; or, with ``on-dropout = continue``, retry then drop the agent."""
+    return "retry" if config.on_dropout == "continue" else "retry-stop"
+
+
 def _prior_diag(config: DHMCConfig, model) -> bool:
     return True
 
@@ -567,7 +710,7 @@ BUNDLE = Bundle(
     name="dhmc", config_class=DHMCConfig, init_server=_init_server, init_client=_init_client,
     requests=_requests, client_step=_client_step, server_step=_server_step,
     posterior=_posterior, actions=_actions, client_state_template=_client_state_template,
-    check=_check, done=_done, failure_policy="retry-stop", corrupt=_corrupt,
+    check=_check, done=_done, failure_policy=_failure_policy, corrupt=_corrupt,
     prior_diag=_prior_diag)
 
 

@@ -37,14 +37,17 @@ def route(outbox: Mapping[int, object], neighbours: Mapping[int, Sequence[int]]
 
 
 def padded_inboxes(outbox: np.ndarray, neighbours: Mapping[int, Sequence[int]],
-                   weights: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                   weights: np.ndarray, width: int | None = None
+                   ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Each agent's ``(inbox, senders, row weights)`` with fixed shapes (Flower's templates).
 
     ``inbox (width, ...)`` stacks the neighbours' broadcasts from ``outbox (m, ...)``, padded
-    with zeros to the largest degree ``width``; ``senders (width,)`` names them (``-1`` for
+    with zeros to ``width`` (default: the largest degree; a graph that lost agents keeps the
+    full graph's width, the templates' shape); ``senders (width,)`` names them (``-1`` for
     padding); ``row weights (width + 1,)`` are ``(W_ii, W_i,senders...)`` (0 for padding).
+    Only the agents that are keys of ``neighbours`` get an inbox.
     """
-    width = max(1, max((len(v) for v in neighbours.values()), default=0))
+    width = width or max(1, max((len(v) for v in neighbours.values()), default=0))
     inboxes = route({i: outbox[i] for i in range(len(outbox))}, neighbours)
     out = {}
     for agent, got in inboxes.items():

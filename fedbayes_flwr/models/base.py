@@ -134,6 +134,19 @@ class Model:
         (numpy gradient and rate bounds for PDMC), or None when the model has none."""
         return None
 
+    def hmc_potential(self, x, y):
+        """The rows' negative log-likelihood for gradient-based samplers (decentralized HMC):
+        an object with numpy ``value``, ``grad`` and ``hess_quad`` over a batch of parameter
+        rows ``(K, d)``, or None. Defaults to :meth:`pdmp_potential`; models with no rate bounds
+        (softmax regression, BNNs) override this one only, so PDMC still refuses them."""
+        return self.pdmp_potential(x, y)
+
+    def has_hmc_potential(self) -> bool:
+        """Whether :meth:`hmc_potential` is available (without building one)."""
+        cls = type(self)
+        return (cls.hmc_potential is not Model.hmc_potential
+                or cls.pdmp_potential is not Model.pdmp_potential)
+
     def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
         """Per-coordinate bound ``K_i`` on how much one record (add/remove) changes a Zig-Zag
         rate, for PDMC's differential privacy; models without one raise

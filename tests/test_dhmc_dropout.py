@@ -1,0 +1,107 @@
+"""Decentralized MH-HMC: an agent that drops out (stop, or continue on the remaining graph) and
+the mixing-round schedule.
+
+Tolerances from the maths: after the drop the chains sample the posterior of the survivors'
+data (conjugate, known exactly); pooled moments within 4 Monte Carlo standard errors (ESS across
+independent chains) plus the 5% variance allowance for the consensus bias used by the ring test
+in ``test_dhmc.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedbayes_flwr import gaussian as G
+from fedbayes_flwr import gossip
+from fedbayes_flwr.config import parse_run_config
+from fedbayes_flwr.engine import run_in_process
+from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.models import exact_posterior
+from fedbayes_flwr.posterior import SamplePosterior
+
+RING = {"algorithm": "dhmc", "model": "linear-regression", "dataset": "synthetic",
+        "synthetic-dim": 3, "synthetic-size": 250, "num-clients": 5, "partition": "iid",
+        "dhmc.graph": "ring", "prior-scale": 1.0, "dhmc.mixing-rounds": 5,
+        "dhmc.adapt": False, "dhmc.step-size": 0.04, "dhmc.warmup": 20}
+DROP_AT = 100  # update (= iteration) at which partition 2 starts raising on every request
+
+
+def test_dropout_continues_on_the_remaining_ring_and_samples_the_survivors_posterior(tmp_path):
+    """Ring of 5 without agent 2 is a path: the run goes on, agent 2's rows of the samples are
+    NaN from the drop on, and the samples after it match the exact posterior of the other four
+    partitions' data (not the full data's)."""
+    keys = {**RING, "dhmc.iterations": 480, "dhmc.on-dropout": "continue",
+            "inject-fault": f"raise-always@{DROP_AT}:2", "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    assert result["outcome"] == "completed", result.get("reason")
+    saved = np.load(tmp_path / "posterior.npz")
+    dropped_at = saved["dropped_at"]
+    assert dropped_at[2] == DROP_AT - 1 and np.all(np.delete(dropped_at, 2) == -1)
+    kept_from = int(dropped_at[2]) - RING["dhmc.warmup"]  # first kept index after the drop
+    agents = saved["agent_samples"]  # (m, K, T, d)
+    assert np.all(np.isnan(agents[2, :, kept_from:])) and not np.any(np.isnan(agents[[0, 1, 3, 4]]))
+    assert result["history"][-1]["agents"] == 4
+
+    exp = build_experiment(parse_run_config({**RING, "output-dir": "unused"}))
+    rows = np.concatenate([exp.partitions[i] for i in (0, 1, 3, 4)])
+    x, y = exp.dataset.x_train, exp.dataset.y_train
+    mean, cov = G.to_moments(exact_posterior(exp.model, exp.prior, x[rows], y[rows]))
+    full_mean = G.to_moments(exact_posterior(exp.model, exp.prior, x, y))[0]
+    var = np.diag(cov)
+    chains = saved["chains"][:, kept_from + 60:]  # 60 iterations to forget the old target
+    flat = chains.reshape(-1, chains.shape[-1])
+    ess = SamplePosterior(chains).ess()
+    sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
+    assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess)), (flat.mean(0), mean)
+    assert np.all(np.abs(flat.var(0) / var - 1) <= 4 * np.sqrt(2 / sq_ess) + 0.05)
+    # the check can fail: the full data's posterior mean is distinguishable at this ESS
+    assert np.any(np.abs(flat.mean(0) - full_mean) > 4 * np.sqrt(var / ess)), (
+        "the survivors' and the full posterior coincide here: the test would not see a mistake")
+
+
+def test_dropout_that_disconnects_the_graph_stops_with_the_pieces_named(tmp_path):
+    keys = {**RING, "dhmc.graph": "path", "dhmc.iterations": 60, "dhmc.on-dropout": "continue",
+            "inject-fault": "raise-always@30:2", "max-retries": 0, "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    assert result["outcome"] == "stopped"
+    assert "disconnected: [0, 1] | [3, 4]" in result["reason"], result["reason"]
+    assert "agent_samples" in np.load(tmp_path / "posterior.npz")
+
+
+def test_dropout_default_still_stops(tmp_path):
+    keys = {**RING, "dhmc.iterations": 40, "inject-fault": "raise-always@30:2",
+            "max-retries": 1, "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    assert result["outcome"] == "stopped" and "partition 2" in result["reason"]
+
+
+def test_mixing_schedule_parses_and_counts_the_exchanges(tmp_path):
+    assert gossip.parse_schedule("1:2000,2:3000,3") == ((2000, 1), (3000, 2), (-1, 3))
+    sched = gossip.parse_schedule("1:20,3")
+    assert [gossip.scheduled_rounds(sched, t) for t in (0, 20, 21, 500)] == [1, 1, 3, 3]
+    for bad in ("", "0:10,2", "2:10,1:5,3", "1:10,2:20", "a:1,2", "3,4"):
+        with pytest.raises(ValueError):
+            gossip.parse_schedule(bad)
+    with pytest.raises(ConfigError, match="dhmc.mixing-schedule"):
+        parse_run_config({**RING, "dhmc.mixing-schedule": "1:10,0"})
+    keys = {**RING, "dhmc.warmup": 10, "dhmc.iterations": 20, "dhmc.mixing-schedule": "1:14,3",
+            "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    diameter = 2  # ring of 5: the agree decision floods 2 rounds
+    rounds = [1 if t <= 14 else 3 for t in range(30)]
+    assert result["history"][-1]["exchanges"] == 1 + sum(2 * r + diameter for r in rounds)
+
+
+def test_a_hung_agent_is_dropped_at_once_with_continue(tmp_path):
+    """A timeout (``hang``) makes the partition dead: no retry, the agent is dropped."""
+    keys = {**RING, "dhmc.iterations": 40, "dhmc.on-dropout": "continue",
+            "inject-fault": "hang@30:4", "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    assert result["outcome"] == "completed", result.get("reason")
+    row = result["history"][-1]
+    assert row["agents"] == 4 and row["diagnostics"]["dhmc_dropped"] == [4], row
+    assert [r["partition_id"] for r in row["rejections"]] == [4]
+    assert "round-timeout" in row["rejections"][0]["reason"]
+    assert np.load(tmp_path / "posterior.npz")["dropped_at"][4] == 29
