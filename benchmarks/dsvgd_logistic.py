@@ -13,12 +13,15 @@ ones), the centralised ones 10 rounds.
 Run: ``.venv/bin/python benchmarks/dsvgd_logistic.py`` (about 45 minutes on 2 cores, most of it
 FedAvg with 20 clients: 8 minutes per setting;
 ``--quick``: twonorm, K = 2, N = 6, 4 rounds). Writes ``benchmarks/results/dsvgd_logistic.json``
-and one accuracy plot per setting.
+and one accuracy plot per setting. ``--setting "breast-cancer K=20"`` (repeatable) reruns only the
+named settings (both N) and merges them into the existing JSON, leaving the other settings as they
+are; the rerun is listed under ``reruns``.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import common
 import numpy as np
@@ -72,12 +75,27 @@ def rounds_to(curve: list[dict], target: float):
 
 def main():
     parser = common.argument_parser(__doc__, "twonorm, K = 2, N = 6, 4 rounds", "unused")
+    parser.add_argument("--setting", action="append", default=None,
+                        help='run only this setting, e.g. "breast-cancer K=20" (repeatable), and '
+                             "merge it into the existing JSON")
     args = common.resolve_common_args(parser.parse_args(), "dsvgd_logistic")
     os.makedirs(args.work_dir, exist_ok=True)
     grid = settings(args.quick, args.work_dir, args.seed)
+    if args.setting:
+        unknown = [s for s in args.setting if s not in grid]
+        if unknown:
+            raise SystemExit(f"unknown --setting {', '.join(map(repr, unknown))}; "
+                             f"settings: {', '.join(map(repr, grid))}")
+        grid = {name: grid[name] for name in args.setting}
     sizes = (6,) if args.quick else (2, 6)
     methods = [m for m in (*FEDERATED, *CENTRAL) if m in registry.names()]
-    results = common.start("dsvgd_logistic", args, {"settings": {}}, methods=methods)
+    results = common.start("dsvgd_logistic", args, {"settings": {}}, keep=bool(args.setting),
+                           methods=methods)
+    if args.setting:  # merged into the existing document: say which rows are newer
+        results.doc.setdefault("reruns", []).append(
+            {"settings": list(grid), "methods": methods,
+             "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        results.doc.setdefault("settings", {})
     point_runs: dict = {}
     for name, base in grid.items():
         for n in sizes:
@@ -119,7 +137,12 @@ def main():
                                      f"dsvgd_logistic_{key.replace(' ', '_')}.png"),
                         "round", "test accuracy", title=key,
                         hline=("95% of SVGD", target))
-    results.finish()
+    if args.setting:
+        results.doc["reruns"][-1]["wall_s"] = round(time.perf_counter() - results.t0, 1)
+        results.write()
+        print(f"merged {', '.join(grid)} into {results.path}", flush=True)
+    else:
+        results.finish()
 
 
 if __name__ == "__main__":

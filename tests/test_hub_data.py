@@ -9,7 +9,9 @@ every internet socket connection fails, so an attempted download would show up a
 from __future__ import annotations
 
 import socket
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -517,3 +519,222 @@ def test_hub_text_column_must_be_alone(corpus, tmp_path):
             hub_kwargs=_hub_kwargs(files, tmp_path),
             hub_feature_column=["label", "text"],
         )
+
+
+# ------------------------------------------- the DSVGD paper's hub commands (benchmarks/README.md)
+
+ROOT = Path(__file__).resolve().parents[1]
+COVERTYPE_ID, COVERTYPE_SUBSET = "inria-soda/tabular-benchmark", "clf_cat_covertype"
+FASHION_ID = "zalando-datasets/fashion_mnist"
+# The real columns: the 54 UCI Covertype features and the binary "class" (values 1 and 2) of
+# Grinsztajn et al.'s clf_cat_covertype; Fashion-MNIST's image / ClassLabel label.
+COVERTYPE_FEATURES = (
+    "Elevation", "Aspect", "Slope", "Horizontal_Distance_To_Hydrology",
+    "Vertical_Distance_To_Hydrology", "Horizontal_Distance_To_Roadways", "Hillshade_9am",
+    "Hillshade_Noon", "Hillshade_3pm", "Horizontal_Distance_To_Fire_Points",
+    *(f"Wilderness_Area{i}" for i in range(1, 5)), *(f"Soil_Type{i}" for i in range(1, 41)),
+)
+FASHION_CLASSES = ("T - shirt / top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                   "Sneaker", "Bag", "Ankle boot")
+N_COVERTYPE, N_FASHION_TRAIN, N_FASHION_TEST, FASHION_SIDE = 200, 40, 20, 28
+
+
+def _hub_commands() -> list[list[str]]:
+    """The ``run_simulation.py`` commands with a ``hub:`` dataset in benchmarks/README.md's bash
+    blocks (its arguments, as tests/test_readme.py reads the main README's)."""
+    import re
+    import shlex
+
+    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if "run_simulation.py" in line and "hub:" in line:
+                words = shlex.split(line)
+                out.append(words[[w.endswith("run_simulation.py") for w in words].index(True) + 1:])
+    return out
+
+
+HUB_COMMANDS = _hub_commands()
+
+
+@pytest.fixture(scope="module")
+def paper_stand_ins(tmp_path_factory):
+    """Local files in the two hub datasets' formats: ``{dataset id: (builder, data_files, raw)}``.
+
+    Covertype: one CSV ``train`` split (the hub configuration has no test split) with the real
+    column names; one-hot wilderness areas and soil types, ``class`` 1 or 2 driven by the
+    elevation. Fashion-MNIST: parquet ``train`` and ``test`` splits of 28x28 uint8 PIL images and
+    a ClassLabel with the real class names.
+    """
+    import datasets
+    import pandas as pd
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    root = tmp_path_factory.mktemp("paper_hub")
+    n = N_COVERTYPE
+    table = {
+        "Elevation": rng.uniform(1860, 3860, n), "Aspect": rng.uniform(0, 360, n),
+        "Slope": rng.integers(0, 67, n), "Horizontal_Distance_To_Hydrology": rng.uniform(0, 1400, n),
+        "Vertical_Distance_To_Hydrology": rng.uniform(-173, 601, n),
+        "Horizontal_Distance_To_Roadways": rng.uniform(0, 7120, n),
+        "Hillshade_9am": rng.integers(0, 255, n), "Hillshade_Noon": rng.integers(0, 255, n),
+        "Hillshade_3pm": rng.integers(0, 255, n),
+        "Horizontal_Distance_To_Fire_Points": rng.uniform(0, 7170, n),
+    }
+    for prefix, count in (("Wilderness_Area", 4), ("Soil_Type", 40)):
+        hot = np.eye(count, dtype=np.int64)[rng.integers(0, count, n)]
+        table.update({f"{prefix}{i + 1}": hot[:, i] for i in range(count)})
+    table["class"] = np.where(table["Elevation"] + rng.normal(0, 300, n) > 2860, 1, 2)
+    frame = pd.DataFrame(table)
+    assert tuple(frame.columns[:-1]) == COVERTYPE_FEATURES
+    csv = str(root / "covertype.csv")
+    frame.to_csv(csv, index=False)
+
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=list(FASHION_CLASSES))})
+    files, raw = {}, {}
+    for split, size in (("train", N_FASHION_TRAIN), ("test", N_FASHION_TEST)):
+        images = rng.integers(0, 256, size=(size, FASHION_SIDE, FASHION_SIDE), dtype=np.uint8)
+        labels = np.arange(size) % 10
+        datasets.Dataset.from_dict(
+            {"image": [Image.fromarray(img, mode="L") for img in images], "label": labels.tolist()},
+            features=features).to_parquet(str(root / f"{split}.parquet"))
+        files[split], raw[split] = str(root / f"{split}.parquet"), (images, labels)
+    return {COVERTYPE_ID: ("csv", {"train": csv}, frame), FASHION_ID: ("parquet", files, raw)}
+
+
+def _redirect_hub(monkeypatch, stand_ins: dict, cache_dir) -> list:
+    """``datasets.load_dataset`` (what FederatedDataset calls) reads the stand-in of the hub id
+    it is given; an id without one fails the test. Returns the ``(id, configuration)`` calls."""
+    import datasets
+
+    real, calls = datasets.load_dataset, []
+
+    def load_dataset(path, name=None, **kwargs):
+        calls.append((path, name))
+        builder, data_files, _ = stand_ins[path]
+        return real(builder, data_files=data_files, cache_dir=str(cache_dir), **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def _expected(dataset_id: str, stand_ins: dict):
+    """What the command's data path must give: (x_train, y_train, x_test, y_test)."""
+    from fedbayes_flwr.data.base import num_test_rows
+
+    _, _, raw = stand_ins[dataset_id]
+    if dataset_id == FASHION_ID:
+        (x_tr, y_tr), (x_te, y_te) = raw["train"], raw["test"]
+        return x_tr.reshape(len(x_tr), -1) / 255.0, y_tr, x_te.reshape(len(x_te), -1) / 255.0, y_te
+    x = raw[list(COVERTYPE_FEATURES)].to_numpy(np.float64)
+    y = (raw["class"].to_numpy() == 1).astype(np.int64)  # the reference: class 2 -> -1, 1 -> +1
+    perm = np.random.default_rng(0).permutation(len(x))  # hub.py's fixed hold-out
+    n_test = num_test_rows(len(x), 0.2)
+    train, test = np.sort(perm[n_test:]), np.sort(perm[:n_test])
+    mean, sd = x[train].mean(axis=0), x[train].std(axis=0)
+    sd = np.where(sd > 0, sd, 1.0)  # the one-hot columns are never constant here
+    return (x[train] - mean) / sd, y[train], (x[test] - mean) / sd, y[test]
+
+
+def test_paper_hub_commands_are_shown():
+    datasets_used = {argv[argv.index("--dataset") + 1] for argv in HUB_COMMANDS}
+    assert datasets_used == {
+        f"hub:{COVERTYPE_ID}?subset={COVERTYPE_SUBSET}&label=class&positive=1&scale=standard",
+        f"hub:{FASHION_ID}",
+    }
+    algorithms = {argv[argv.index("--algorithm") + 1] for argv in HUB_COMMANDS}
+    assert {"dsvgd", "fedavg-paper", "fedavg"} <= algorithms
+
+
+@pytest.mark.parametrize("index", range(len(HUB_COMMANDS)))
+def test_paper_hub_command_runs_on_stand_in(paper_stand_ins, tmp_path, monkeypatch, index):
+    """The exact command: its dataset id, configuration, columns and label coding reach
+    FederatedDataset, the arrays are the stand-in's (held out, coded, standardised as stated),
+    and one short round runs in-process with the command's model and particles."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import run_simulation
+    from fedbayes_flwr.config import parse_run_config
+    from fedbayes_flwr.data.hub import parse_hub_name
+    from fedbayes_flwr.experiment import build_experiment
+
+    argv = HUB_COMMANDS[index]
+    calls = _redirect_hub(monkeypatch, paper_stand_ins, tmp_path / "hf-cache")
+    config = parse_run_config(run_simulation.build_overrides(run_simulation.parse_args(argv)))
+    dataset_id, options = parse_hub_name(config.dataset)
+    holdout = dataset_id == COVERTYPE_ID  # the configuration has only a train split
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always", DataWarning)
+        exp = build_experiment(config)
+    held = [str(w.message) for w in record if issubclass(w.category, DataWarning)]
+    assert held == ([f"hub dataset {COVERTYPE_ID!r} has no 'test' split: held out 40 of 200 rows "
+                     "(test-fraction 0.2) as the test set"] if holdout else [])
+    assert calls == [(dataset_id, options.get("subset"))]
+    d = exp.dataset
+    assert d.name == config.dataset and d.holdout_rows == (40 if holdout else 0)
+    assert d.x_train.dtype == d.x_test.dtype == np.float64
+    assert d.y_train.dtype == d.y_test.dtype == np.int64
+    for got, want in zip((d.x_train, d.y_train, d.x_test, d.y_test),
+                         _expected(dataset_id, paper_stand_ins), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)  # the same arithmetic
+    if holdout:  # binary labels for the logistic model, both classes present
+        assert set(np.unique(d.y_train)) == {0, 1}
+        np.testing.assert_allclose(d.x_train.mean(axis=0), 0.0, atol=1e-12)
+    assert exp.num_clients == config.num_clients == 2
+    assert np.array_equal(np.sort(np.concatenate(exp.partitions)), np.arange(len(d.y_train)))
+
+    # One round of 2 SVGD / Adam steps: the data path is the command's; the run only has to run
+    # (the paper's 200 + 200 SVGD steps on a 784-100-10 BNN take minutes on 2 cores).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)  # the hold-out, checked above
+        code = run_simulation.main([*argv, "--quiet", "--num-rounds", "1",
+                                    "--output-dir", str(tmp_path / "out"), "--run-config",
+                                    "dsvgd.local-iterations=2 dsvgd.distillation-iterations=2 "
+                                    "fedavg.local-steps=2"])
+    assert code == 0
+    assert calls[1:] == [(dataset_id, options.get("subset"))]  # the run loads it the same way
+
+
+def test_hub_name_options_are_checked(mnist_like, tmp_path):
+    from fedbayes_flwr.data.hub import parse_hub_name
+
+    name = "hub:org/set?subset=a&label=class&positive=1&scale=standard"
+    assert parse_hub_name(name) == (
+        "org/set", {"subset": "a", "label": "class", "positive": "1", "scale": "standard"})
+    assert parse_hub_name("hub: org/set ") == ("org/set", {})
+    for bad, needle in (("hub:?subset=a", "empty hub dataset name"),
+                        ("hub:x?subset", "option 'subset' is not key=value"),
+                        ("hub:x?color=red", "unknown option 'color'; options: subset, label"),
+                        ("hub:x?label=a&label=b", "option 'label' given twice"),
+                        ("hub:x?scale=minmax", "unknown scale 'minmax'; scales: standard")):
+        with pytest.raises(DataError, match=needle):
+            parse_hub_name(bad)
+
+    files, raw = mnist_like
+    kwargs = _hub_kwargs(files, tmp_path)
+    # One-vs-rest by a ClassLabel's name ("3" is class 3); the other rows are 0.
+    d = load_dataset("hub:parquet?positive=3", "binary", hub_kwargs=kwargs)
+    np.testing.assert_array_equal(d.y_train, (raw["train"][1] == 3).astype(np.int64))
+    np.testing.assert_array_equal(d.y_test, (raw["test"][1] == 3).astype(np.int64))
+    with pytest.raises(DataError, match="positive='11' matches no training row's 'label'"):
+        load_dataset("hub:parquet?positive=11", "binary", hub_kwargs=kwargs)
+    with pytest.raises(DataError, match="positive='x' is not a number, but label column 'label'"):
+        load_dataset("hub:parquet?positive=x", "binary", hub_kwargs=kwargs)
+    with pytest.raises(DataError, match="reads no label \\(target 'none'\\)"):
+        load_dataset("hub:parquet?positive=1", "none", hub_kwargs=kwargs)
+    with pytest.raises(DataError, match="sets label='label' but hub_label_column is 'other'"):
+        load_dataset("hub:parquet?label=label", "multiclass", hub_kwargs=kwargs,
+                     hub_label_column="other")
+    with pytest.raises(DataError, match="sets subset='a' but hub_kwargs\\['subset'\\] is 'b'"):
+        load_dataset("hub:parquet?subset=a", "multiclass", hub_kwargs={**kwargs, "subset": "b"})
+    # scale=standard: the training split's mean and sd (ddof 0) applied to both splits.
+    s = load_dataset("hub:parquet?scale=standard", "multiclass", hub_kwargs=kwargs)
+    x_tr = raw["train"][0].reshape(N_TRAIN, -1) / 255.0
+    x_te = raw["test"][0].reshape(N_TEST, -1) / 255.0
+    mean, sd = x_tr.mean(axis=0), x_tr.std(axis=0)
+    sd = np.where(sd > 0, sd, 1.0)  # columns 0 and 1 are constant (0 and 255): only centred
+    np.testing.assert_allclose(s.x_train, (x_tr - mean) / sd, atol=1e-12)
+    np.testing.assert_allclose(s.x_test, (x_te - mean) / sd, atol=1e-12)

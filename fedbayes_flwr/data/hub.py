@@ -3,6 +3,12 @@
 ``flwr_datasets`` and ``datasets`` are imported lazily, when a hub dataset is loaded. A text
 column (e.g. ``text`` of ``"hub:SetFit/20_newsgroups"``) becomes word counts through
 :func:`fedbayes_flwr.data.text.vectorise_text`, for models without targets (LDA).
+
+A hub name may carry options after ``?``, joined by ``&`` (see :func:`parse_hub_name`), so a
+dataset whose configuration, label column or label coding differs from the defaults is one
+``--dataset`` value, e.g. the DSVGD paper's binary Covertype task::
+
+    hub:inria-soda/tabular-benchmark?subset=clf_cat_covertype&label=class&positive=1&scale=standard
 """
 
 from __future__ import annotations
@@ -23,15 +29,78 @@ from .base import (
     num_test_rows,
     one_line,
 )
+from .embedded import _standardise
 from .text import TEXT_MAX_FEATURES, vectorise_text
 
-__all__ = ["load_hub", "load_hub_text"]
+__all__ = ["HUB_OPTIONS", "load_hub", "load_hub_text", "parse_hub_name"]
 
 # Column names tried, in order, when a hub dataset's columns are not given.
 _HUB_IMAGE_COLUMNS = ("image", "img", "pixels")
 _HUB_TEXT_COLUMNS = ("text",)
 _HUB_LABEL_COLUMNS = ("label", "labels", "fine_label")
 _HUB_RESERVED_KWARGS = ("dataset", "partitioners", "preprocessor")
+# Options of a hub name (``hub:<id>?key=value&...``), see parse_hub_name.
+HUB_OPTIONS = ("subset", "label", "positive", "scale")
+_HUB_SCALES = ("standard",)
+
+
+def parse_hub_name(name: str) -> tuple[str, dict[str, str]]:
+    """Split ``"hub:<id>?key=value&..."`` into the dataset id and its options.
+
+    Parameters
+    ----------
+    name : str
+        ``"hub:<dataset-id>"``, optionally followed by ``?`` and ``key=value`` options joined
+        by ``&`` (each key at most once):
+
+        * ``subset``: the dataset's configuration (``FederatedDataset(subset=...)``, the
+          ``name`` of ``datasets.load_dataset``), e.g. ``clf_cat_covertype``;
+        * ``label``: the label column (as ``hub_label_column``), e.g. ``class``;
+        * ``positive``: one-vs-rest binary labels, 1 where the label equals this value (a
+          number for a numeric column, a class name or index for a ``ClassLabel``), else 0;
+        * ``scale``: ``standard`` standardises every feature column with the training
+          split's mean and standard deviation (ddof 0; a constant column is only centred),
+          as the embedded ``breast-cancer``.
+
+    Returns
+    -------
+    dataset_id : str
+        The id, without the options.
+    options : dict of str to str
+        The options given (keys from :data:`HUB_OPTIONS`).
+
+    Raises
+    ------
+    DataError
+        For an empty id, an option that is not ``key=value``, an unknown or repeated key or
+        an unknown ``scale``.
+
+    References
+    ----------
+    Kassab & Simeone, "Federated Generalized Bayesian Learning via Distributed Stein
+    Variational Gradient Descent" (2022), Sec. 7.2: Covertype as binary classification; the
+    reference code (kclip/DSVGD) codes label 2 as -1 and label 1 as +1, i.e. ``positive=1``.
+    """
+    spec = name[len(HUB_PREFIX):].strip() if name.startswith(HUB_PREFIX) else name.strip()
+    dataset_id, has_options, query = spec.partition("?")
+    dataset_id = dataset_id.strip()
+    if not dataset_id:
+        raise DataError(f"empty hub dataset name {name!r}; use {HUB_PREFIX}<dataset-id>, e.g. hub:mnist")
+    options: dict[str, str] = {}
+    for item in query.split("&") if has_options else ():
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not (key and eq and value):
+            raise DataError(f"hub dataset name {name!r}: option {item!r} is not key=value")
+        if key not in HUB_OPTIONS:
+            raise DataError(f"hub dataset name {name!r}: unknown option {key!r}; options: "
+                            f"{', '.join(HUB_OPTIONS)}")
+        if key in options:
+            raise DataError(f"hub dataset name {name!r}: option {key!r} given twice")
+        options[key] = value
+    if options.get("scale", _HUB_SCALES[0]) not in _HUB_SCALES:
+        raise DataError(f"hub dataset name {name!r}: unknown scale {options['scale']!r}; "
+                        f"scales: {', '.join(_HUB_SCALES)}")
+    return dataset_id, options
 
 
 def _hub_holdout(dataset_id: str, test_fraction: float, report: dict):
@@ -160,11 +229,39 @@ def _scale_pixels(a: np.ndarray, column: str, where: str) -> np.ndarray:
     raise DataError(f"{where}: image column {column!r} has pixel values outside 0..65535 ({lo}..{hi})")
 
 
-def _hub_arrays(split, columns: list[str], label_column: str | None, where: str, target: str):
-    """Features (float64 ``(n, d)``) and targets of one hub split."""
+def _one_vs_rest(values, feature, positive: str, column: str, where: str) -> np.ndarray:
+    """``1`` where a label of `column` equals `positive` (see :func:`parse_hub_name`), else ``0``."""
     import datasets
 
-    data = split.select_columns(columns + ([label_column] if label_column else [])).with_format("numpy")[:]
+    values = np.asarray(values)
+    if isinstance(feature, datasets.ClassLabel) and positive in feature.names:
+        return (values == feature.str2int(positive)).astype(np.int64)
+    if values.dtype.kind in "iufb":
+        try:
+            value = float(positive)
+        except ValueError:
+            raise DataError(f"{where}: positive={positive!r} is not a number, but label column "
+                            f"{column!r} is numeric") from None
+        return (values == value).astype(np.int64)
+    return (values.astype(str) == positive).astype(np.int64)
+
+
+def _hub_arrays(split, columns: list[str], label_column: str | None, where: str, target: str,
+                positive: str | None = None):
+    """Features (float64 ``(n, d)``) and targets of one hub split; with `positive`, one-vs-rest
+    labels (:func:`_one_vs_rest`).
+
+    Scalar columns are read through Arrow, which keeps their dtype (``datasets``' NumPy format
+    turns float64 into float32); images and nested columns through the NumPy format.
+    """
+    import datasets
+
+    names = columns + ([label_column] if label_column else [])
+    scalar = [c for c in names if isinstance(split.features[c], datasets.Value)]
+    data = split.select_columns(names).with_format("numpy")[:] if len(scalar) < len(names) else {}
+    if scalar:
+        table = split.select_columns(scalar).with_format("arrow")[:]
+        data.update({c: table.column(c).to_numpy() for c in scalar})
     parts = []
     for column in columns:
         a = data[column]
@@ -178,8 +275,12 @@ def _hub_arrays(split, columns: list[str], label_column: str | None, where: str,
             a = _scale_pixels(a, column, where)
         parts.append(as_float_array(a.reshape(a.shape[0], -1), column, where))
     x = as_x(np.concatenate(parts, axis=1), "+".join(columns), where)
-    y = None if label_column is None else as_y(data[label_column], label_column, where, target)
-    return x, y
+    if label_column is None:
+        return x, None
+    labels = data[label_column]
+    if positive is not None:
+        labels = _one_vs_rest(labels, split.features[label_column], positive, label_column, where)
+    return x, as_y(labels, label_column, where, target)
 
 
 def _hub_text(train, test, column: str, where: str, max_features, stacklevel: int):
@@ -230,7 +331,9 @@ def load_hub(
     Parameters
     ----------
     name : str
-        ``"hub:<dataset-id>"``.
+        ``"hub:<dataset-id>"``, optionally with ``?key=value&...`` options (``subset``,
+        ``label``, ``positive``, ``scale``; :func:`parse_hub_name`). ``label`` and ``subset``
+        must agree with `label_column` and ``hub_kwargs["subset"]`` when those are given too.
     target : str
         The target kind the model needs, one of :data:`fedbayes_flwr.data.TARGETS`;
         with ``"none"`` no label column is read.
@@ -354,7 +457,7 @@ def load_hub_text(
     )
     if vocabulary is None:
         raise DataError(
-            f"hub dataset {name[len(HUB_PREFIX):].strip()!r}: feature column(s) "
+            f"hub dataset {parse_hub_name(name)[0]!r}: feature column(s) "
             f"{feature_column or '(detected)'} hold no text; pass the text column as feature_column"
         )
     return dataset, vocabulary
@@ -375,13 +478,23 @@ def _load(
 
     `stacklevel` is the warnings' stack level as seen from the caller of this function.
     """
-    dataset_id = name[len(HUB_PREFIX):].strip()
-    if not dataset_id:
-        raise DataError(f"empty hub dataset name {name!r}; use {HUB_PREFIX}<dataset-id>, e.g. hub:mnist")
+    dataset_id, options = parse_hub_name(name)
     kwargs = dict(hub_kwargs or {})
     reserved = [k for k in _HUB_RESERVED_KWARGS if k in kwargs]
     if reserved:
         raise DataError(f"hub_kwargs must not set {', '.join(reserved)} (set by load_dataset)")
+    for option, given, what in (("subset", kwargs.get("subset"), "hub_kwargs['subset']"),
+                                ("label", label_column, "hub_label_column")):
+        if option in options and given is not None and given != options[option]:
+            raise DataError(f"hub dataset name {name!r} sets {option}={options[option]!r} but "
+                            f"{what} is {given!r}")
+    if "subset" in options:
+        kwargs["subset"] = options["subset"]
+    label_column = options.get("label", label_column)
+    positive = options.get("positive")
+    if positive is not None and target == "none":
+        raise DataError(f"hub dataset name {name!r}: positive= codes labels, but this model "
+                        "reads no label (target 'none')")
     kwargs.setdefault("shuffle", False)
     report: dict = {}
     try:
@@ -411,17 +524,25 @@ def _load(
             raise DataError(f"{where}: split {split_name!r} lacks column(s) {', '.join(missing)}")
     vocabulary = None
     if _is_text(train.features[columns[0]]):
+        if "scale" in options:
+            raise DataError(f"{where}: scale= applies to numeric features, not to the word "
+                            f"counts of text column {columns[0]!r}")
         x_train, x_test, vocabulary = _hub_text(
             train, test, columns[0], where, max_features, stacklevel + 1
         )
         y_train = y_test = None  # a text column needs target "none" (checked above)
     else:
-        x_train, y_train = _hub_arrays(train, columns, label, f"{where} (train)", target)
-        x_test, y_test = _hub_arrays(test, columns, label, f"{where} (test)", target)
+        x_train, y_train = _hub_arrays(train, columns, label, f"{where} (train)", target, positive)
+        x_test, y_test = _hub_arrays(test, columns, label, f"{where} (test)", target, positive)
     if x_test.shape[1] != x_train.shape[1]:
         raise DataError(
             f"{where}: test rows have {x_test.shape[1]} features but train rows have {x_train.shape[1]}"
         )
+    if positive is not None and y_train.min() == y_train.max():
+        raise DataError(f"{where}: positive={positive!r} matches {'every' if y_train[0] else 'no'} "
+                        f"training row's {label!r}; one-vs-rest needs both classes")
+    if options.get("scale") == "standard":
+        x_train, x_test = _standardise(x_train, x_test)
     holdout = int(report.get("holdout", 0))
     if holdout:
         warnings.warn(
