@@ -82,7 +82,10 @@ def simulate(potentials: list, mixing: np.ndarray, w0: np.ndarray, epsilon: floa
         states = [dhmc.apply(t[0], z[i], a[i], y[i], y_kept[i], final[i])
                   for i, t in enumerate(tracked)]
         evals += 1 + (energy == "exact")
-        prob = float(np.mean([o.accept_prob for o in outs]))
+        probs = np.stack([o.accept_prob for o in outs])  # (m, K)
+        # agreed decisions accept only what every agent accepts: adapt on the minimum (as the
+        # bundle does)
+        prob = float(np.mean(probs if decision == "local" else probs.min(axis=0)))
         if warm:
             if adapt:
                 da = dhmc.dual_averaging_step(da, prob, target_accept)

@@ -120,8 +120,8 @@ def test_router_delivers_exactly_the_neighbours_messages():
                                              "output-dir": "unused"}))
     bundle, setup = exp.bundle, exp.setup
     state = bundle.init_server(setup)
-    state = state._replace(outbox=np.arange(state.outbox.size, dtype=float).reshape(
-        state.outbox.shape))
+    state = state._replace(phase=1, round=1, outbox=np.arange(  # a mixing exchange
+        state.outbox.size, dtype=float).reshape(state.outbox.shape))
     graph = gossip.path(5)
     for agent, request in bundle.requests(state, setup, None).items():
         msg = request.message
@@ -221,3 +221,28 @@ def test_decentralized_ula_runs_over_the_same_graph(tmp_path):
     ess = SamplePosterior(chains).ess()
     err = np.abs(chains.reshape(-1, chains.shape[-1]).mean(0) - mean)
     assert np.all(err <= 4 * np.sqrt(var / ess) + 0.2 * np.sqrt(var)), (err, np.sqrt(var))
+
+
+def test_cli_samples_softmax_regression_on_digits(tmp_path):
+    """``run_simulation.py --algorithm dhmc --model bnn-classifier`` with ``hidden-layers ""``
+    (softmax regression: the model's numpy potential, :mod:`fedbayes_flwr.nets_numpy`) runs on
+    digits and saves every agent's chains: 2 chains x 5 kept iterations of 64 x 10 + 10
+    parameters, finite, and moved from their start."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import run_simulation
+
+    out = tmp_path / "run"
+    code = run_simulation.main([
+        "--engine", "in-process", "--algorithm", "dhmc", "--model", "bnn-classifier",
+        "--dataset", "digits", "--num-clients", "3", "--output-dir", str(out), "--quiet",
+        "--run-config", "hidden-layers='' dhmc.iterations=5 dhmc.warmup=5 dhmc.num-chains=2 "
+                        "dhmc.mixing-rounds=1"])
+    assert code == 0
+    saved = np.load(out / "posterior.npz")
+    assert saved["chains"].shape == (2, 5, 650)
+    assert saved["agent_samples"].shape == (3, 2, 5, 650)
+    assert np.all(np.isfinite(saved["chains"]))
+    assert np.any(np.diff(saved["chains"], axis=1) != 0)  # at least one move was accepted

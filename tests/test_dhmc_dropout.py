@@ -105,3 +105,22 @@ def test_a_hung_agent_is_dropped_at_once_with_continue(tmp_path):
     assert [r["partition_id"] for r in row["rejections"]] == [4]
     assert "round-timeout" in row["rejections"][0]["reason"]
     assert np.load(tmp_path / "posterior.npz")["dropped_at"][4] == 29
+
+
+def test_auto_mixing_rounds_follow_the_spectral_gap(tmp_path):
+    """``mixing-rounds = auto``: the least s with (1 - gap)^s <= 1%, from the graph's own
+    Metropolis matrix (recomputed for the remaining graph after a dropout)."""
+    for graph, rounds in ((gossip.complete(5), 1), (gossip.ring(5), 8), (gossip.ring(8), 22),
+                          (gossip.path(5), 34)):
+        w = gossip.metropolis_weights(graph)
+        s = gossip.rounds_for(w)
+        slem = 1 - gossip.spectral_gap(w)
+        assert s == rounds and slem**s <= 0.01 and (s == 1 or slem ** (s - 1) > 0.01)
+    keys = {**RING, "dhmc.mixing-rounds": "auto", "dhmc.warmup": 3, "dhmc.iterations": 4,
+            "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    assert result["history"][-1]["exchanges"] == 1 + 7 * (2 * 8 + 2)  # ring of 5: 8 rounds
+    with pytest.raises(ConfigError, match="dhmc.mixing-rounds"):
+        parse_run_config({**RING, "dhmc.mixing-rounds": "lots"})
+    with pytest.raises(ConfigError, match="dhmc.mixing-rounds"):
+        parse_run_config({**RING, "dhmc.mixing-rounds": 0})

@@ -117,6 +117,15 @@ class BNNClassifier(BNN):
         logits = self.forward_tf(theta, x)
         return tfp.distributions.Categorical(logits=logits).log_prob(tf.cast(y, tf.int32)[None, :])
 
+    def hmc_potential(self, x, y):
+        """The rows' softmax cross-entropy as a numpy potential for gradient-based samplers
+        (decentralized HMC): :class:`fedbayes_flwr.nets_numpy.SoftmaxNetPotential`, with the
+        parameter layout of :meth:`forward_tf` (``value``, ``grad`` and an exact ``hess_quad``
+        over ``(K, d)`` batches)."""
+        from ..nets_numpy import SoftmaxNetPotential
+
+        return SoftmaxNetPotential(x, y, self.layer_sizes(int(np.shape(x)[1])))
+
     def predictive(self, posterior, x) -> Prediction:
         """Class probabilities averaged over ``posterior.draws()``, shape ``(m, num_outputs)``."""
         import tensorflow as tf
