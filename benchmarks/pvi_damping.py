@@ -64,6 +64,9 @@ BNN_METHODS = {
     "damping 0.3": {"pvi.damping": 0.3, "pvi.guard": False},
     "auto": {},
     "auto, step-rule best": {"pvi.step-rule": "best"},
+    "auto, step-rule safe": {"pvi.step-rule": "safe"},
+    # a diagnostic, not a tuning-free setting: the unit step is never tried (first step 1/2)
+    "auto, step-rule safe, first step 0.5": {"pvi.step-rule": "safe", "pvi.server-damping": 0.5},
 }
 
 
@@ -167,7 +170,8 @@ def part_bnn(args, results: common.Results) -> None:
         rows = [{"round": h["round"], "test_accuracy": h["test_accuracy"],
                  "test_nll": h["test_nll"], "free_energy": h.get("log_marginal_likelihood"),
                  "step": h.get("diagnostics", {}).get("pvi_step"),
-                 "guard": h.get("diagnostics", {}).get("pvi_guard")}
+                 "guard": h.get("diagnostics", {}).get("pvi_guard"),
+                 "search_exchanges": h.get("diagnostics", {}).get("pvi_search_exchanges")}
                 for h in result["history"]]
         accuracy = [r["test_accuracy"] for r in rows]
         diverged = any(a < 0.5 for a in accuracy[accuracy.index(max(accuracy)):]) and max(

@@ -271,3 +271,34 @@ def test_step_rules_pick_among_the_acceptable_candidates():
     # the tolerance is relative: a fall of 1e-7 * |F| is rounding, 1e-5 * |F| is not
     assert S.choose(-1000.0, np.array([-1000.0001]), 1e-6) == 0
     assert S.choose(-1000.0, np.array([-1000.01]), 1e-6) is None
+
+
+def test_safe_rule_keeps_a_margin_and_a_sufficient_increase():
+    """``safe``: the best acceptable step that passes Armijo's test (with the chord slope of the
+    smallest step) and whose double is acceptable. Profiles F(s) - F(0) measured on the digits
+    BNN (steps 1, 1/2, 1/4, 1/8): a cliff after 1/2, a flat top, and a linear rise."""
+    steps = np.array([1.0, 0.5, 0.25, 0.125])
+    cliff = np.array([-226.0, 823.0, 511.0, 252.0])  # best takes 1/2, at the cliff's edge
+    assert S.choose(0.0, cliff, 1e-6, "best") == 1
+    assert S.choose(0.0, cliff, 1e-6, "safe", steps) == 2  # 1/4: its double is acceptable
+    # flat top: 1 and 1/2 give less than half the slope of 1/8 (831 / (1/8) = 6648 per unit)
+    flat = np.array([1768.0, 1641.0, 1256.0, 831.0])
+    assert S.choose(0.0, flat, 1e-6, "safe", steps) == 2
+    assert S.choose(0.0, flat, 1e-6, "safe", steps, unit_if_best=True) == 0  # exact F: take 1
+    linear = np.array([2675.0, 1453.0, 753.0, 386.0])
+    assert S.choose(0.0, linear, 1e-6, "safe", steps) == 0
+    # a later exchange's first candidate has no acceptable double: it cannot qualify
+    assert S.choose(0.0, np.array([5.0, 1.0]), 1e-6, "safe", np.array([0.0625, 0.03125]),
+                    first_has_margin=False) == 1
+    assert S.choose(0.0, np.array([-5.0, -1.0]), 1e-6, "safe", np.array([0.5, 0.25])) is None
+
+
+@pytest.mark.parametrize("model, dataset", CONJUGATE[:2])
+def test_safe_rule_keeps_conjugate_models_exact_after_one_round(model, dataset):
+    exp = _exp(model=model, dataset=dataset, **{"num-clients": 10, "partition": "dirichlet",
+                                                 "partition-alpha": 0.3, "seed": 3,
+                                                 "synthetic-size": 300, "pvi.step-rule": "safe"})
+    (_, state, log), = iterate_in_process(exp, num_rounds=1)
+    assert log.diagnostics["pvi_step"] == 1.0
+    err_mean, err_cov = _rel_errors(state.posterior, _exact(exp))
+    assert err_mean <= 1e-5 and err_cov <= 1e-5  # as damping 1 (tests/test_pvi_exact.py)

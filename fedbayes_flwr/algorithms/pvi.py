@@ -117,7 +117,12 @@ class PVIConfig:
         Anderson window ``m`` (differences kept).
     step_rule : str
         Which acceptable candidate step to take: ``largest`` (backtracking: the first step
-        whose free energy has not fallen) or ``best`` (the highest free energy among them).
+        whose free energy has not fallen), ``best`` (the highest free energy among them) or
+        ``safe`` (the highest among those that also pass a sufficient-increase test and keep a
+        margin of a factor 2 to a step that lowers the free energy; the unit step when it is the
+        best: :func:`fedbayes_flwr.algorithms.pvi_step.choose`).
+    sufficient_increase : float
+        ``c`` in [0, 1) of the ``safe`` rule's test ``F(s) - F(0) >= c * s * g``.
     covariance : str
         ``auto`` (mean-field for BNNs, full otherwise), ``full`` or ``diag``.
     local_optimiser : str
@@ -160,6 +165,7 @@ class PVIConfig:
     acceleration: str = "none"
     anderson_memory: int = 5
     step_rule: str = "largest"
+    sufficient_increase: float = 0.5
 
     def __post_init__(self):
         damping = self.damping  # TOML / CLI give "auto" or a number (maybe as text)
@@ -239,6 +245,8 @@ class PVIConfig:
         need(self.max_backtracks >= 1, "max-backtracks", f"must be >= 1, got {self.max_backtracks}")
         need(self.step_rule in S.STEP_RULES, "step-rule",
              f"unknown step rule {self.step_rule!r}; choose one of {', '.join(S.STEP_RULES)}")
+        need(0 <= self.sufficient_increase < 1, "sufficient-increase",
+             f"must be in [0, 1), got {self.sufficient_increase}")
         need(self.anderson_memory >= 1, "anderson-memory",
              f"must be >= 1, got {self.anderson_memory}")
         need(self.fixed_point_iterations >= 1, "fixed-point-iterations",
@@ -543,9 +551,11 @@ def candidates(state: ServerState, config: PVIConfig) -> Candidates:
     return Candidates(stack, np.asarray(all_steps), proper, aa)
 
 
-def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int):
+def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int,
+                exact_free_energy: bool = True):
     """Pick the step from the clients' expected log-likelihoods at the candidates and apply it
-    (or ask for the next halvings, or roll the round back). Returns ``(state, StepInfo)``."""
+    (or ask for the next halvings, or roll the round back). ``exact_free_energy``: the model's
+    expectations are deterministic (not Monte Carlo). Returns ``(state, StepInfo)``."""
     cands = candidates(state, config)
     rejected = tuple(r for _, r in replies if isinstance(r, Rejection))
     answered = [r for _, r in sorted(replies, key=lambda r: r[0]) if not isinstance(r, Rejection)]
@@ -559,7 +569,9 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
                                      state.prior, ells[j]) if cands.proper[j] else -np.inf
                        for j in range(len(ells))])
     f0, plain = values[0], values[1:1 + config.line_search_steps]
-    index = S.choose(f0, plain, config.guard_tolerance, config.step_rule)
+    index = S.choose(f0, plain, config.guard_tolerance, config.step_rule,
+                     cands.steps[1:1 + config.line_search_steps], config.sufficient_increase,
+                     first_has_margin=state.search == 0, unit_if_best=exact_free_energy)
     if cands.anderson is not None:
         aa_value = values[-1]
         floor = f0 - config.guard_tolerance * max(1.0, abs(f0))
@@ -579,9 +591,12 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
             **diagnostics, "pvi_guard": f"no step down to {steps[-1]:.3g} keeps the free energy "
                                         f"({f0:.6g}); round rolled back"})
     step = float(steps[index])
-    if index > 0 or state.search > 0:
+    floor = f0 - config.guard_tolerance * max(1.0, abs(f0))
+    if (index > 0 or state.search > 0) and not values[1] >= floor:
         diagnostics["pvi_guard"] = (f"step {config.first_step:.3g} would lower the free energy "
                                     f"({f0:.6g}); backtracked to {step:.3g}")
+    elif index > 0 or state.search > 0:
+        diagnostics["pvi_rule"] = f"step rule {config.step_rule!r} took {step:.3g}"
     return _finish(state, step, None, float(values[1 + index]), rejected, complete, diagnostics)
 
 
@@ -799,7 +814,8 @@ def _server_step(state: ServerState, replies, setup, rnd):
     config = setup.config
     if config.server_held:
         if state.phase == _PHASE_SEARCH:
-            state, info = search_step(state, replies, config, setup.num_clients)
+            state, info = search_step(state, replies, config, setup.num_clients,
+                                      bool(setup.model.deterministic_expectations))
         else:
             state, info = collect_deltas(state, replies, config)
         if info.updates and config.optimise_prior:
