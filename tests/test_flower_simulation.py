@@ -243,14 +243,14 @@ def test_dhmc_gossip_through_the_simulation_engine_equals_in_process(tmp_path):
     the in-process run's."""
     argv = ["--algorithm", "dhmc", "--model", "logistic-regression", "--dataset", "synthetic",
             "--num-clients", "4", "--partition", "iid", "--seed", "1"]
-    rc = ("synthetic-dim=2 synthetic-size=120 dhmc.num-chains=3 dhmc.warmup=4 "
-          "dhmc.iterations=6 dhmc.mixing-rounds=2 eval-every=5")
+    rc = ("synthetic-dim=2 synthetic-size=120 dhmc.num-chains=3 dhmc.warmup=2 "
+          "dhmc.iterations=4 dhmc.mixing-rounds=2 eval-every=3")
     flower, flower_post = _simulate(tmp_path / "flower", argv, rc)
     local = run_in_process(parse_run_config({
         "algorithm": "dhmc", "model": "logistic-regression", "dataset": "synthetic",
         "num-clients": 4, "partition": "iid", "seed": 1, "synthetic-dim": 2,
-        "synthetic-size": 120, "dhmc.num-chains": 3, "dhmc.warmup": 4, "dhmc.iterations": 6,
-        "dhmc.mixing-rounds": 2, "eval-every": 5, "output-dir": str(tmp_path / "local")}),
+        "synthetic-size": 120, "dhmc.num-chains": 3, "dhmc.warmup": 2, "dhmc.iterations": 4,
+        "dhmc.mixing-rounds": 2, "eval-every": 3, "output-dir": str(tmp_path / "local")}),
         progress=False)
     local_post = np.load(tmp_path / "local" / "posterior.npz")
     np.testing.assert_allclose(flower_post["agent_samples"], local_post["agent_samples"],
