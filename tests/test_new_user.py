@@ -215,6 +215,7 @@ def test_ctrl_c_in_process_keeps_finished_updates_and_exits_130(tmp_path):
 
 
 @pytest.mark.flower
+@pytest.mark.deployment  # signals a Simulation Engine process tree: with the process tests
 def test_ctrl_c_in_the_simulation_engine_stops_once(tmp_path):
     # within a 50 ms poll or the current local step, plus Ray's shutdown
     _check_interrupted(*_interrupt_after_first_row(tmp_path, "simulation"), limit_s=15.0)

@@ -332,6 +332,7 @@ def _kill_when_checkpointed(proc, out, at_least: int, timeout: float = 400) -> t
 
 @pytest.mark.slow
 @pytest.mark.flower
+@pytest.mark.deployment  # SIGKILLs a Simulation Engine process tree: with the process tests
 def test_simulation_killed_mid_round_resumes_exactly_and_leaves_nothing(tmp_path):
     """The Simulation Engine CLI (sequential PVI: client-held factors, restored to the new run's
     nodes) killed with SIGKILL: every process it started (Ray's GCS, raylet, agents, actors) is

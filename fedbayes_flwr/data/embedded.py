@@ -78,7 +78,7 @@ def load_embedded(name: str, target: str, test_fraction: float) -> Dataset:
     return _digits(test_fraction)
 
 
-def _standardise(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def standardise(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Standardise `train` and `test` with the training mean and std (ddof=0)."""
     mean = train.mean(axis=0)
     std = train.std(axis=0)
@@ -95,7 +95,7 @@ def _breast_cancer(test_fraction: float) -> Dataset:
     x_tr, x_te, y_tr, y_te = train_test_split(
         x, y, test_size=test_fraction, random_state=0, stratify=y
     )
-    x_tr, x_te = _standardise(x_tr, x_te)
+    x_tr, x_te = standardise(x_tr, x_te)
     return Dataset(x_tr, i64(y_tr), x_te, i64(y_te), None, "breast-cancer")
 
 
@@ -106,8 +106,8 @@ def _diabetes(test_fraction: float) -> Dataset:
 
     x, y = load_diabetes(return_X_y=True)
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, random_state=0)
-    x_tr, x_te = _standardise(x_tr, x_te)
-    y_tr, y_te = _standardise(y_tr, y_te)
+    x_tr, x_te = standardise(x_tr, x_te)
+    y_tr, y_te = standardise(y_tr, y_te)
     return Dataset(x_tr, y_tr, x_te, y_te, None, "diabetes")
 
 

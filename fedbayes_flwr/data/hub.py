@@ -29,7 +29,7 @@ from .base import (
     num_test_rows,
     one_line,
 )
-from .embedded import _standardise
+from .embedded import standardise
 from .text import TEXT_MAX_FEATURES, vectorise_text
 
 __all__ = ["HUB_OPTIONS", "load_hub", "load_hub_text", "parse_hub_name"]
@@ -542,7 +542,7 @@ def _load(
         raise DataError(f"{where}: positive={positive!r} matches {'every' if y_train[0] else 'no'} "
                         f"training row's {label!r}; one-vs-rest needs both classes")
     if options.get("scale") == "standard":
-        x_train, x_test = _standardise(x_train, x_test)
+        x_train, x_test = standardise(x_train, x_test)
     holdout = int(report.get("holdout", 0))
     if holdout:
         warnings.warn(
