@@ -124,3 +124,12 @@ def test_auto_mixing_rounds_follow_the_spectral_gap(tmp_path):
         parse_run_config({**RING, "dhmc.mixing-rounds": "lots"})
     with pytest.raises(ConfigError, match="dhmc.mixing-rounds"):
         parse_run_config({**RING, "dhmc.mixing-rounds": 0})
+
+
+def test_the_wall_clock_cap_ends_as_time_limit(tmp_path):
+    """With no length, ``dhmc.max-seconds`` becomes the run's cap: the outcome says
+    ``time-limit``, not ``done`` (the target ESS was not reached)."""
+    keys = {**RING, "dhmc.max-seconds": 1e-3, "dhmc.target-ess": 1e9, "eval-every": 5,
+            "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    assert result["outcome"] == "time-limit", result["outcome"]
