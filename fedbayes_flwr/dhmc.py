@@ -43,6 +43,12 @@ test; ``exact`` uses the local potential differences themselves. Away from conse
 agents' ``Delta H_i`` differ slightly and they may disagree (the shared ``u`` makes that rare;
 the rate is reported).
 
+**Several leapfrog steps** (``L > 1``, exact energy): the trajectory repeats phases 2-3 at each
+position, ``z_l`` mixed, the tracker carried along it (``b_l = y_{l-1} + grad U_i(z_l') -
+grad U_i(z_{l-1}')``, mixed) and :func:`advance` taking the full momentum step; the rejection
+tracker ``W^{sL} y`` is mixed alongside; the energy change ``c_i = U_i(z_L) - U_i(w_i)`` enters
+the energy tracker with the last position. Cost: ``2 s L`` exchanges per iteration.
+
 ``integrator = "euler"`` is the paper's single symplectic-Euler step ("decentralized MALA"):
 ``p' = p - epsilon m y_i``, ``Delta = epsilon p'``; the same energy term with that ``p'``. It is
 not reversible, so the test does not correct its bias; it is kept as a measured baseline.
@@ -130,11 +136,30 @@ def begin(state: AgentState, potential, p: np.ndarray, epsilon, num_agents: int,
     return state._replace(p=p, p_half=p_half, c=c), z, a
 
 
-def track(state: AgentState, potential, z_mixed: np.ndarray):
-    """Phase 2: the gradient at the mixed proposal and the tracker's increment. Returns
+def track(state: AgentState, potential, z_mixed: np.ndarray, y=None, g_last=None):
+    """Phase 2: the gradient at the mixed proposal and the tracker's increment
+    ``b = y + grad U_i(z') - g_last`` (defaults: the iteration's ``y`` and ``g_last``; along a
+    multi-step trajectory, the tracker and local gradient of the previous position). Returns
     ``(state, b)`` (``b`` to broadcast and mix)."""
     grad_z = potential.grad(z_mixed)
-    return state._replace(grad_z=grad_z), state.y + grad_z - state.g_last
+    y = state.y if y is None else y
+    g_last = state.g_last if g_last is None else g_last
+    return state._replace(grad_z=grad_z), y + grad_z - g_last
+
+
+def advance(state: AgentState, potential, z_mixed: np.ndarray, y_mixed: np.ndarray, epsilon,
+            num_agents: int, last: bool):
+    """An inner step of an ``L``-step leapfrog trajectory (``L > 1``): the full momentum step
+    with the tracked network gradient at the mixed position, ``p_half <- p_half - epsilon m y'``,
+    and the next position ``z = z' + epsilon p_half``; at the last position (``last``) the local
+    energy change ``c = U_i(z_L) - U_i(w_i)`` (exact energy). Returns ``(state, z)``; the
+    caller broadcasts ``z`` with ``aleph`` (inner steps: pure mixing, the trackers' averages
+    unchanged) or ``aleph + c - c_last`` (the last)."""
+    eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
+    p_half = state.p_half - eps * num_agents * y_mixed
+    z = z_mixed + eps * p_half
+    c = potential.value(z) - potential.value(state.w) if last else state.c
+    return state._replace(p_half=p_half, c=c), z
 
 
 class Outcome(NamedTuple):

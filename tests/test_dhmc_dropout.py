@@ -133,3 +133,28 @@ def test_the_wall_clock_cap_ends_as_time_limit(tmp_path):
             "output-dir": str(tmp_path)}
     result = run_in_process(parse_run_config(keys), progress=False)
     assert result["outcome"] == "time-limit", result["outcome"]
+
+
+def test_several_leapfrog_steps_sample_the_exact_posterior(tmp_path):
+    """``dhmc.leapfrog-steps = 3`` on the ring of 5 (row split): the trajectory's mixing and
+    tracking phases repeat at every position (``2 s L + D`` exchanges per iteration) and the
+    pooled moments match the conjugate posterior (4 MCSE, plus the ring test's 5% variance
+    allowance)."""
+    keys = {**RING, "dhmc.leapfrog-steps": 3, "dhmc.step-size": 0.03, "dhmc.iterations": 300,
+            "output-dir": str(tmp_path)}
+    result = run_in_process(parse_run_config(keys), progress=False)
+    row = result["history"][-1]
+    assert row["exchanges"] == 1 + 320 * (2 * 5 * 3 + 2)
+    exp = build_experiment(parse_run_config({**RING, "output-dir": "unused"}))
+    mean, cov = G.to_moments(exact_posterior(exp.model, exp.prior, exp.dataset.x_train,
+                                             exp.dataset.y_train))
+    var = np.diag(cov)
+    chains = np.load(tmp_path / "posterior.npz")["chains"]
+    flat = chains.reshape(-1, chains.shape[-1])
+    ess = SamplePosterior(chains).ess()
+    sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
+    assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess)), (flat.mean(0), mean)
+    assert np.all(np.abs(flat.var(0) / var - 1) <= 4 * np.sqrt(2 / sq_ess) + 0.05)
+    assert row["consensus_error"] < 0.01 and row["acceptance_rate"] > 0.5
+    with pytest.raises(ConfigError, match="dhmc.leapfrog-steps"):
+        parse_run_config({**RING, "dhmc.leapfrog-steps": 2, "dhmc.energy": "taylor"})

@@ -21,6 +21,8 @@ shared step size. All the maths is in :mod:`fedbayes_flwr.dhmc` (agents) and
   disagreements are counted. Measured: with ``local`` one disagreement breaks the trackers'
   invariant and consensus (README), which is why ``agree`` is the default.
 
+With ``dhmc.leapfrog-steps = L > 1`` the two mixing phases repeat at each of the trajectory's
+``L`` positions (:func:`fedbayes_flwr.dhmc.advance` between them) before the decision.
 Then every agent applies the decision and starts the next iteration in the same reply. The
 first exchange initialises the agents (``w0`` from the prior, the same at every agent: one
 draw per chain from the run seed). Shared momentum and uniform: every agent draws them from
@@ -128,6 +130,10 @@ class DHMCConfig:
         h_t m grad U_i(w_i) + sqrt(2 h_t m) xi_i`` with independent ``xi_i`` per agent, so the
         network average takes an exact Langevin step; ``h_t = step-size (230 / (230 + t))^0.55``
         as the reference code; no Metropolis test, no tracking).
+    leapfrog_steps : int
+        ``L``: leapfrog steps per proposal (default 1, the paper's). ``L > 1`` repeats the
+        mixing and tracking phases at every position (``2 s L`` exchanges per iteration) and
+        needs ``integrator = leapfrog`` and ``energy = exact``.
     energy : str
         ``exact`` (default: the network sum of the local potential differences) or ``taylor``
         (the paper's second-order term: exact on Gaussians, but its O(epsilon^3) error biased
@@ -157,6 +163,7 @@ class DHMCConfig:
     target_ess: float = 400.0
     max_seconds: float = 110.0
     integrator: str = "leapfrog"
+    leapfrog_steps: int = 1
     energy: str = "exact"
     decision: str = "agree"
     mixing_schedule: str = ""
@@ -200,6 +207,12 @@ class DHMCConfig:
              f"unknown energy {self.energy!r}; choose one of {', '.join(H.ENERGIES)}")
         need(self.decision in DECISIONS, "decision",
              f"unknown decision {self.decision!r}; choose one of {', '.join(DECISIONS)}")
+        need(self.leapfrog_steps >= 1, "leapfrog-steps",
+             f"must be >= 1, got {self.leapfrog_steps}")
+        need(self.leapfrog_steps == 1 or (self.integrator == "leapfrog"
+                                          and self.energy == "exact"), "leapfrog-steps",
+             f"{self.leapfrog_steps} steps need integrator 'leapfrog' and energy 'exact' "
+             f"(got {self.integrator!r}, {self.energy!r})")
         need(self.on_dropout in DROPOUTS, "on-dropout",
              f"unknown value {self.on_dropout!r}; choose one of {', '.join(DROPOUTS)}")
         if self.mixing_schedule:
@@ -290,6 +303,7 @@ class ServerState(NamedTuple):
     started: float
     alive: np.ndarray
     dropped_at: np.ndarray
+    leap: int
 
 
 class AgentState(NamedTuple):
@@ -312,7 +326,8 @@ class Down(NamedTuple):
     slot carries the starting position ``(K, d)``, the same for every agent); ``weights`` =
     ``(W_ii, W_i,senders...)``; phase, round and iteration; the step size for the next
     iteration to begin; whether the Metropolis test is on; the number of agents taking part;
-    the rounds of this phase; whether a flooding phase follows the gradient mixing."""
+    the rounds of this phase; whether a flooding phase follows the gradient mixing; the leapfrog
+    step (1 .. ``leapfrog-steps``) the mixing phases belong to."""
 
     inbox: np.ndarray
     senders: np.ndarray
@@ -325,6 +340,7 @@ class Down(NamedTuple):
     agents: int
     rounds: int
     flood: int
+    leap: int
 
 
 class Up(NamedTuple):
@@ -396,6 +412,8 @@ def _begin(st: AgentState, pot, setup, iteration: int, epsilon: float,
     c = setup.config
     p, _ = shared(setup, iteration)
     agent, z, a = H.begin(st.agent, pot, p, epsilon, agents, c.integrator, c.energy)
+    if c.leapfrog_steps > 1:  # the energy change enters with the trajectory's last position
+        a = agent.aleph
     return st._replace(agent=agent, own=_pad(np.concatenate([z, a[:, None]], axis=1),
                                              2 * z.shape[1] + 1),
                        epsilon=np.array([epsilon]))
@@ -415,7 +433,7 @@ def _init_server(setup) -> ServerState:
     m = setup.num_clients
     return ServerState(0, START, 0, np.zeros((m, k, f)), eps, H.dual_averaging_init(eps), (), (),
                        (), np.zeros((m, k, d)), 0, 0, time.time(), np.ones(m, bool),
-                       np.full(m, -1, np.int64))
+                       np.full(m, -1, np.int64), 1)
 
 
 def _client_state_template(setup) -> AgentState:
@@ -455,7 +473,7 @@ def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
     agents = int(np.sum(state.alive))
     return {agent: Request(STEP, Down(inbox, senders, weights, state.phase, state.round,
                                       state.iteration, float(state.epsilon), metropolis, agents,
-                                      rounds, flood))
+                                      rounds, flood, int(state.leap)))
             for agent, (inbox, senders, weights) in sorted(routed.items())}
 
 
@@ -482,13 +500,27 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
         st = st._replace(own=_mix(st.own, msg))
         if msg.round == msg.rounds:  # z' and aleph' final: track the gradient at z'
             z, a = st.own[:, :d], st.own[:, d]
-            agent, b = H.track(st.agent, pot, z)
+            if msg.leap == 1:
+                agent, b = H.track(st.agent, pot, z)
+                kept = agent.y
+            else:  # along the trajectory: the previous position's tracker and local gradient
+                agent, b = H.track(st.agent, pot, z, st.y_mixed, st.agent.grad_z)
+                kept = st.y_kept
             st = st._replace(agent=agent, z_mixed=z, aleph_mixed=a,
-                             own=np.concatenate([b, agent.y, np.zeros((k, 1))], axis=1))
+                             own=np.concatenate([b, kept, np.zeros((k, 1))], axis=1))
             evals = 1
     elif msg.phase == MIX_B:
         st = st._replace(own=_mix(st.own, msg))
-        if msg.round == msg.rounds:  # y' final: this agent's Metropolis decision
+        if msg.round == msg.rounds and msg.leap < c.leapfrog_steps:  # the next position
+            y, y_kept = st.own[:, :d], st.own[:, d:2 * d]
+            last = msg.leap + 1 == c.leapfrog_steps
+            agent, z = H.advance(st.agent, pot, st.z_mixed, y, float(st.epsilon[0]), msg.agents,
+                                 last)
+            a = st.aleph_mixed + (agent.c - agent.c_last if last else 0.0)
+            st = st._replace(agent=agent, y_mixed=y, y_kept=y_kept,
+                             own=np.concatenate([z, a[:, None], np.zeros((k, d))], axis=1))
+            evals = 0
+        elif msg.round == msg.rounds:  # y' final: this agent's Metropolis decision
             y, y_kept = st.own[:, :d], st.own[:, d:2 * d]
             _, log_u = shared(setup, msg.iteration)
             out = H.decide(st.agent, st.aleph_mixed, y, log_u, float(st.epsilon[0]),
@@ -555,6 +587,8 @@ def _next_phase(state: ServerState, setup) -> tuple[int, int, bool]:
     if state.phase == MIX_B:
         if state.round < rounds:
             return MIX_B, state.round + 1, False
+        if state.leap < c.leapfrog_steps:  # the trajectory's next position
+            return MIX_ZA, 1, False
         return (FLOOD, 1, False) if flood else (MIX_ZA, 1, True)
     if state.round < rounds:
         return FLOOD, state.round + 1, False
@@ -591,7 +625,8 @@ def _drop(state: ServerState, setup, rejected, good) -> tuple[ServerState, StepI
     dropped_at = state.dropped_at.copy()
     dropped_at[failed] = state.iteration
     new = state._replace(phase=START, round=0, outbox=np.zeros_like(state.outbox), alive=alive,
-                         dropped_at=dropped_at, last_w=last_w, exchanges=state.exchanges + 1)
+                         dropped_at=dropped_at, last_w=last_w, exchanges=state.exchanges + 1,
+                         leap=1)
     return new, StepInfo(updates=0, accepted=tuple(pid for pid, _ in good), rejected=rejected,
                          diagnostics={"dhmc_dropped": failed,
                                       "dhmc_agents": int(alive.sum())})
@@ -610,7 +645,7 @@ def _server_step(state: ServerState, replies, setup, rnd):
     evals = state.grad_evals + sum(int(r.grad_evals) for _, r in good)
     eps, adaptation = state.epsilon, state.adaptation
     accepts, disagreements = state.accepts, state.disagreements
-    decided_phase = (state.phase == MIX_B
+    decided_phase = (state.phase == MIX_B and state.leap == c.leapfrog_steps
                      and state.round == mixing_rounds(c, state.iteration,
                                                       topology(setup, state.alive)))
     if decided_phase:
@@ -626,6 +661,8 @@ def _server_step(state: ServerState, replies, setup, rnd):
         else:
             disagreements = disagreements + (float(np.mean(own.any(0) & ~own.all(0))),)
     phase, rnd_next, complete = _next_phase(state, setup)
+    onward = state.phase == MIX_B and phase == MIX_ZA and not complete  # next leapfrog step
+    leap = state.leap + 1 if onward else (1 if complete else state.leap)
     kept, last_w = state.kept, state.last_w
     updates = 0
     if complete:
@@ -637,7 +674,7 @@ def _server_step(state: ServerState, replies, setup, rnd):
         updates = 1
     new = ServerState(state.iteration + complete, phase, rnd_next, outbox, eps, adaptation, kept,
                       accepts, disagreements, last_w, state.exchanges + 1, evals, state.started,
-                      state.alive, state.dropped_at)
+                      state.alive, state.dropped_at, leap)
     info = StepInfo(updates=updates, accepted=tuple(pid for pid, _ in good))
     if complete and rnd.evaluate:
         info = info._replace(metrics=_metrics(new, setup))
@@ -702,7 +739,7 @@ def _actions(setup) -> dict[str, ActionSpec]:
     k, d, f = _dims(setup)
     width = topology(setup).senders.shape[1]
     down = Down(np.zeros((width, k, f)), np.zeros(width, np.int64), np.zeros(width + 1), 0, 0, 0,
-                0.0, 0, 0, 0, 0)
+                0.0, 0, 0, 0, 0, 0)
     up = Up(np.zeros((k, f)), np.zeros((k, d)), np.zeros(k), np.zeros(k), 0, 0)
     return {STEP: ActionSpec("train", down, up)}
 
