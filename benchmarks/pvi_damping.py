@@ -67,6 +67,8 @@ BNN_METHODS = {
     "auto, step-rule safe": {"pvi.step-rule": "safe"},
     # a diagnostic, not a tuning-free setting: the unit step is never tried (first step 1/2)
     "auto, step-rule safe, first step 0.5": {"pvi.step-rule": "safe", "pvi.server-damping": 0.5},
+    "auto, step memory": {"pvi.step-memory": True},
+    "auto, step-rule safe, step memory": {"pvi.step-rule": "safe", "pvi.step-memory": True},
 }
 
 

@@ -302,3 +302,22 @@ def test_safe_rule_keeps_conjugate_models_exact_after_one_round(model, dataset):
     assert log.diagnostics["pvi_step"] == 1.0
     err_mean, err_cov = _rel_errors(state.posterior, _exact(exp))
     assert err_mean <= 1e-5 and err_cov <= 1e-5  # as damping 1 (tests/test_pvi_exact.py)
+
+
+def test_step_memory_starts_each_search_at_most_twice_the_last_step():
+    """``step-memory``: round 1 tries the unit step exactly (conjugate models stay exact); later
+    rounds start at ``min(first step, 2 * last step)``; without it every round starts at 1."""
+    exp = _exp(**LOGISTIC, **{"pvi.step-memory": True})
+    config = exp.setup.config
+    state = exp.bundle.init_server(exp.setup)
+    assert pvi.round_first_step(state, config) == 1.0
+    assert pvi.round_first_step(state._replace(last_step=0.125), config) == 0.25
+    assert pvi.round_first_step(state._replace(last_step=0.75), config) == 1.0
+    plain = _exp(**LOGISTIC).setup.config
+    assert pvi.round_first_step(state._replace(last_step=0.125), plain) == 1.0
+    steps = []
+    for _, st, log in iterate_in_process(exp, num_rounds=3):
+        steps.append(log.diagnostics["pvi_step"])
+        assert st.last_step == steps[-1]
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert after <= 2 * before  # the trust region grows by at most a factor 2

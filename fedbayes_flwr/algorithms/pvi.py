@@ -123,6 +123,11 @@ class PVIConfig:
         best: :func:`fedbayes_flwr.algorithms.pvi_step.choose`).
     sufficient_increase : float
         ``c`` in [0, 1) of the ``safe`` rule's test ``F(s) - F(0) >= c * s * g``.
+    step_memory : bool
+        Trust-region step memory for server-held factors: a round's first candidate step is at
+        most twice the last step taken (round 1, and after Anderson steps: the first step as
+        set), so after a cliff the search does not start from the unit step again (Nocedal &
+        Wright 2006, Section 4.1: grow the trust region by at most a factor 2).
     covariance : str
         ``auto`` (mean-field for BNNs, full otherwise), ``full`` or ``diag``.
     local_optimiser : str
@@ -166,6 +171,7 @@ class PVIConfig:
     anderson_memory: int = 5
     step_rule: str = "largest"
     sufficient_increase: float = 0.5
+    step_memory: bool = False
 
     def __post_init__(self):
         damping = self.damping  # TOML / CLI give "auto" or a number (maybe as text)
@@ -282,6 +288,7 @@ class ServerState(NamedTuple):
     search: int = 0
     free_energy: float = float("nan")
     history: S.History | None = None
+    last_step: float = float("nan")  # the step taken last round (step memory); NaN: none yet
 
 
 # Client state: the accepted factor t_k (``value``) and the factor waiting for the server's ack
@@ -529,9 +536,19 @@ def _with_factors(state: ServerState, factors: NaturalGaussian) -> NaturalGaussi
     return G.add(state.posterior, G.like(state.posterior, change))
 
 
+def round_first_step(state: ServerState, config: PVIConfig) -> float:
+    """The first candidate step of this round: ``first-step``, or with ``step-memory`` at most
+    twice the last step taken."""
+    last = state.last_step
+    if config.step_memory and np.isfinite(last) and last > 0:
+        return min(config.first_step, 2.0 * float(last))
+    return config.first_step
+
+
 def candidates(state: ServerState, config: PVIConfig) -> Candidates:
     """The candidates of search exchange ``state.search`` (see :mod:`pvi_step`)."""
-    steps = S.step_sizes(config.first_step, config.line_search_steps, state.search)
+    steps = S.step_sizes(round_first_step(state, config), config.line_search_steps,
+                         state.search)
     posts = [state.posterior] + [_combined(state, float(s)) for s in steps]
     all_steps = [0.0, *steps.tolist()]
     aa = None
@@ -593,7 +610,8 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
     step = float(steps[index])
     floor = f0 - config.guard_tolerance * max(1.0, abs(f0))
     if (index > 0 or state.search > 0) and not values[1] >= floor:
-        diagnostics["pvi_guard"] = (f"step {config.first_step:.3g} would lower the free energy "
+        diagnostics["pvi_guard"] = (f"step {round_first_step(state, config):.3g} would lower "
+                                    f"the free energy "
                                     f"({f0:.6g}); backtracked to {step:.3g}")
     elif index > 0 or state.search > 0:
         diagnostics["pvi_rule"] = f"step rule {config.step_rule!r} took {step:.3g}"
@@ -617,7 +635,9 @@ def _finish(state: ServerState, step: float, anderson: NaturalGaussian | None,
     free_energy = float("nan") if value is None or not complete else value
     diagnostics["pvi_step"] = "anderson" if anderson is not None else step
     state = state._replace(posterior=posterior, factors=factors, phase=_PHASE_TRAIN, search=0,
-                           received=np.zeros_like(state.received), free_energy=free_energy)
+                           received=np.zeros_like(state.received), free_energy=free_energy,
+                           last_step=state.last_step if anderson is not None or step <= 0
+                           else float(step))
     lml = None if np.isnan(free_energy) else free_energy
     return state, StepInfo(updates=1, accepted=accepted, rejected=rejected,
                            metrics={"log_marginal_likelihood": lml}, diagnostics=diagnostics)
