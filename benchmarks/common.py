@@ -87,6 +87,12 @@ def resolve_common_args(args, name: str):
     return args
 
 
+def read_results(args, name: str) -> dict:
+    """The document ``<results-dir>/<name>.json`` a benchmark wrote (``--replot``)."""
+    with open(os.path.join(args.results_dir, f"{name}.json")) as f:
+        return json.load(f)
+
+
 def prepare_dirs(args, name: str) -> str:
     """Create the results and work directories; the path of the benchmark's JSON."""
     os.makedirs(args.results_dir, exist_ok=True)

@@ -350,10 +350,7 @@ def main():
                         help="redraw the plots from the existing JSON and stop")
     args = common.resolve_common_args(parser.parse_args(), NAME)
     if args.replot:
-        import json
-
-        with open(os.path.join(args.results_dir, f"{NAME}.json")) as f:
-            doc = json.load(f)
+        doc = common.read_results(args, NAME)
         for name in dict.fromkeys(r["experiment"] for r in doc["runs"]):
             plot([r for r in doc["runs"] if r["experiment"] == name],
                  os.path.join(args.results_dir, f"{NAME}_{name}.png"))

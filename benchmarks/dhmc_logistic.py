@@ -369,10 +369,7 @@ def main():
                         help="redraw the plots from the existing JSON and stop")
     args = common.resolve_common_args(parser.parse_args(), NAME)
     if args.replot:
-        import json
-
-        with open(os.path.join(args.results_dir, f"{NAME}.json")) as f:
-            doc = json.load(f)
+        doc = common.read_results(args, NAME)
         args.iterations, args.warmup = doc["iterations"], doc["warmup"]
         for dataset, split_kind in sorted({(r["dataset"], r["split"]) for r in doc["runs"]}):
             rows = [r for r in doc["runs"] if (r["dataset"], r["split"]) == (dataset, split_kind)]
