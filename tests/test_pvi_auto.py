@@ -313,7 +313,7 @@ def test_step_memory_starts_each_search_at_most_twice_the_last_step():
     assert pvi.round_first_step(state, config) == 1.0
     assert pvi.round_first_step(state._replace(last_step=0.125), config) == 0.25
     assert pvi.round_first_step(state._replace(last_step=0.75), config) == 1.0
-    plain = _exp(**LOGISTIC).setup.config
+    plain = _exp(**LOGISTIC, **{"pvi.step-memory": False}).setup.config
     assert pvi.round_first_step(state._replace(last_step=0.125), plain) == 1.0
     steps = []
     for _, st, log in iterate_in_process(exp, num_rounds=3):
@@ -321,3 +321,67 @@ def test_step_memory_starts_each_search_at_most_twice_the_last_step():
         assert st.last_step == steps[-1]
     for before, after in zip(steps, steps[1:], strict=False):
         assert after <= 2 * before  # the trust region grows by at most a factor 2
+
+
+def _search_with(state, config, num_clients, free_energies, exact=False):
+    """Run ``search_step`` on ``state`` with replies whose expected log-likelihoods give the
+    candidates exactly the free energies ``free_energies`` (one client carries them all)."""
+    cands = pvi.candidates(state, config)
+    kls = np.array([S.kl(G.make(cands.posteriors.eta1[j], cands.posteriors.eta2[j]), state.prior)
+                    for j in range(len(cands.steps))])
+    ell = np.asarray(free_energies, dtype=np.float64) + kls
+    replies = [(k, pvi.CandidateReply(ell if k == 0 else np.zeros_like(ell)))
+               for k in range(num_clients)]
+    return pvi.search_step(state, replies, config, num_clients, exact_free_energy=exact)
+
+
+def test_nonmonotone_fallback_takes_the_last_step_above_the_window_minimum():
+    """``nonmonotone = W``: when no first-exchange candidate keeps the free energy, the largest
+    candidate at most the last step whose free energy is at least the lowest of the last ``W``
+    rounds' is taken (Grippo et al. 1986); otherwise the monotone search goes on unchanged."""
+    exp = _exp(**LOGISTIC, **{"pvi.step-memory": True, "pvi.nonmonotone": 3,
+                              "pvi.step-rule": "largest"})
+    config, m = exp.setup.config, exp.num_clients
+    rows = list(iterate_in_process(exp, num_rounds=4))
+    state = rows[-1][1]
+    # logistic regression never needs it: the window only records the free energies
+    assert state.recent == tuple(r[2].metrics["log_marginal_likelihood"] for r in rows[-3:])
+    deltas = G.scale(state.factors, 0.1)  # any deltas: the free energies are set by hand
+    state = state._replace(deltas=deltas, received=np.ones(m, bool), phase=pvi._PHASE_SEARCH,
+                           last_step=0.25, recent=(-30.0, -20.0, -10.0))
+    steps = pvi.candidates(state, config).steps  # 0, then 0.5, 0.25, 0.125, 0.0625
+    np.testing.assert_array_equal(steps[1:], [0.5, 0.25, 0.125, 0.0625])
+    # all fall below F(0) = -10; 0.5 is above the floor -30 but larger than the last step
+    new, info = _search_with(state, config, m, [-10.0, -25.0, -29.0, -12.0, -11.0])
+    assert info.diagnostics["pvi_step"] == 0.25 and "non-monotone" in info.diagnostics["pvi_guard"]
+    assert new.free_energy == -29.0 and new.recent == (-20.0, -10.0, -29.0)
+    assert new.last_step == 0.25
+    # nothing at or below the last step clears the floor: the monotone backtracking goes on
+    new, info = _search_with(state, config, m, [-10.0, -25.0, -31.0, -32.0, -40.0])
+    assert new.search == 1 and "pvi_step" not in info.diagnostics
+    # an acceptable candidate: the ordinary rule, no fallback
+    new, info = _search_with(state, config, m, [-10.0, -25.0, -9.0, -8.0, -11.0])
+    assert info.diagnostics["pvi_step"] == 0.25 and new.free_energy == -9.0
+    # off (nonmonotone = 0): a failed first exchange backtracks
+    plain = _exp(**LOGISTIC, **{"pvi.step-memory": True, "pvi.nonmonotone": 0,
+                                "pvi.step-rule": "largest"}).setup.config
+    new, _ = _search_with(state, plain, m, [-10.0, -25.0, -29.0, -12.0, -11.0])
+    assert new.search == 1
+    with pytest.raises(ConfigError, match="pvi.nonmonotone"):
+        parse_run_config({**LOGISTIC, "pvi.nonmonotone": -1})
+
+
+def test_step_rule_auto_is_largest_for_exact_models_and_safe_for_monte_carlo_ones():
+    """``step-rule = auto`` (the default) takes ``largest`` when the free energy is exact and
+    ``safe`` when it is a Monte-Carlo estimate: on the same candidate free energies (the
+    ``choose`` docstring's cliff profile) they pick 1/2 and 1/4."""
+    exp = _exp(**LOGISTIC)
+    config, m = exp.setup.config, exp.num_clients
+    assert config.step_rule == "auto" and config.step_memory and config.nonmonotone == 5
+    state = list(iterate_in_process(exp, num_rounds=1))[-1][1]
+    state = state._replace(deltas=G.scale(state.factors, 0.1), received=np.ones(m, bool),
+                           phase=pvi._PHASE_SEARCH, last_step=1.0)
+    cliff = [0.0, -226.0, 823.0, 511.0, 252.0]  # F(0), then s = 1, 1/2, 1/4, 1/8
+    for exact, want in ((True, 0.5), (False, 0.25)):
+        _, info = _search_with(state, config, m, cliff, exact=exact)
+        assert info.diagnostics["pvi_step"] == want

@@ -67,7 +67,7 @@ def step_sizes(first: float, count: int, exchange: int) -> np.ndarray:
     return first * 0.5 ** (exchange * count + np.arange(count, dtype=np.float64))
 
 
-STEP_RULES = ("largest", "best", "safe")
+STEP_RULES = ("auto", "largest", "best", "safe")  # auto: set by the model (pvi.PVIConfig)
 
 
 def choose(f0: float, values: np.ndarray, tolerance: float, rule: str = "largest",
