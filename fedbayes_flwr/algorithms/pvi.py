@@ -141,8 +141,9 @@ class PVIConfig:
         non-monotone line search, for ascent). The lowest free energy of any ``W`` consecutive
         rounds then never falls, but single rounds may. Why: on the digits BNN the clients'
         combined delta can be a consistent descent direction (three local-solve seeds' deltas
-        agree to cosine 0.99; the free energy falls linearly from ``s = 0``), so a monotone
-        rule stalls there, while fixed damping moves on and recovers.
+        agree to cosine 0.99 in the means and 0.97 in the log-variances; the free energy falls
+        linearly from ``s = 0``), so a monotone rule stalls there, while fixed damping moves on
+        and recovers.
     covariance : str
         ``auto`` (mean-field for BNNs, full otherwise), ``full`` or ``diag``.
     local_optimiser : str
