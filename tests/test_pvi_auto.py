@@ -385,3 +385,19 @@ def test_step_rule_auto_is_largest_for_exact_models_and_safe_for_monte_carlo_one
     for exact, want in ((True, 0.5), (False, 0.25)):
         _, info = _search_with(state, config, m, cliff, exact=exact)
         assert info.diagnostics["pvi_step"] == want
+
+
+def test_auto_or_number_coerces_what_toml_and_the_cli_give():
+    """The shared coercion of "auto or a number" keys (``pvi.damping``, ``dhmc.mixing-rounds``):
+    numbers as text become numbers of the key's kind; anything else is left for ``validate``."""
+    from fedbayes_flwr.algorithms.base import auto_or_number
+
+    assert auto_or_number("auto", float) == "auto"
+    assert auto_or_number("0.25", float) == 0.25 and auto_or_number(1, float) == 1.0
+    assert isinstance(auto_or_number(1, float), float)
+    assert auto_or_number("10", int) == 10 and isinstance(auto_or_number(10.0, int), int)
+    assert auto_or_number("10.5", int) == 10.5  # not an int: validate() names it
+    assert auto_or_number("soon", float) == "soon" and auto_or_number(True, int) is True
+    with pytest.raises(ConfigError, match="dhmc.mixing-rounds"):
+        parse_run_config({"algorithm": "dhmc", "dhmc.mixing-rounds": "10.5"})
+    assert parse_run_config({"algorithm": "dhmc", "dhmc.mixing-rounds": "7"}).section.mixing_rounds == 7

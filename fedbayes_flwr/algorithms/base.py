@@ -241,6 +241,22 @@ class Bundle(NamedTuple):
     structured_models: bool = False
 
 
+def auto_or_number(value, kind: type):
+    """A config value that is ``"auto"`` or a number, as TOML and the CLI give it (maybe a
+    number as text): ``"auto"`` unchanged, a number (or numeric text) as ``kind`` (an integral
+    float for ``int``); anything else unchanged, for the config's ``validate`` to name."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return value
+    if isinstance(value, int | float) and (kind is float or float(value).is_integer()):
+        return kind(value)
+    return value
+
+
 def failure_policy(bundle: Bundle, config) -> str:
     """The bundle's failure policy (one of :data:`FAILURE_POLICIES`) under its ``config``."""
     policy = bundle.failure_policy

@@ -72,7 +72,7 @@ from .. import gaussian as G
 from ..errors import ConfigError, RunStopped
 from ..gossip import parse_schedule, scheduled_rounds
 from ..seeds import derive_seed, numpy_rng
-from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from .base import ActionSpec, Bundle, Rejection, Request, StepInfo, auto_or_number
 from .routing import padded_inboxes
 
 STEP = "train"
@@ -169,15 +169,8 @@ class DHMCConfig:
     mixing_schedule: str = ""
     on_dropout: str = "stop"
 
-    def __post_init__(self):
-        rounds = self.mixing_rounds  # TOML / CLI give "auto" or a number (maybe as text)
-        if isinstance(rounds, str) and rounds != AUTO:
-            try:
-                object.__setattr__(self, "mixing_rounds", int(rounds))
-            except ValueError:
-                pass  # validate() names it
-        elif isinstance(rounds, float) and rounds.is_integer():
-            object.__setattr__(self, "mixing_rounds", int(rounds))
+    def __post_init__(self):  # TOML / CLI give "auto" or a number (maybe as text)
+        object.__setattr__(self, "mixing_rounds", auto_or_number(self.mixing_rounds, int))
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""

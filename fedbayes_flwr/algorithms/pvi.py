@@ -65,7 +65,7 @@ from ..gaussian import NaturalGaussian
 from ..seeds import derive_seed, numpy_rng
 from . import commit
 from . import pvi_step as S
-from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from .base import ActionSpec, Bundle, Rejection, Request, StepInfo, auto_or_number
 from .commit import NO_ROUND, Pending
 
 if TYPE_CHECKING:
@@ -190,15 +190,8 @@ class PVIConfig:
     step_memory: bool = True
     nonmonotone: int = 5
 
-    def __post_init__(self):
-        damping = self.damping  # TOML / CLI give "auto" or a number (maybe as text)
-        if isinstance(damping, int | float) and not isinstance(damping, bool):
-            object.__setattr__(self, "damping", float(damping))
-        elif isinstance(damping, str) and damping != "auto":
-            try:
-                object.__setattr__(self, "damping", float(damping))
-            except ValueError:
-                pass  # validate() names it
+    def __post_init__(self):  # TOML / CLI give "auto" or a number (maybe as text)
+        object.__setattr__(self, "damping", auto_or_number(self.damping, float))
 
     @property
     def auto(self) -> bool:
