@@ -367,6 +367,11 @@ def test_nonmonotone_fallback_takes_the_last_step_above_the_window_minimum():
                                 "pvi.step-rule": "largest"}).setup.config
     new, _ = _search_with(state, plain, m, [-10.0, -25.0, -29.0, -12.0, -11.0])
     assert new.search == 1
+    # a numeric damping with the guard: the guard stays strict (no fallback, plain backtracking)
+    guard = _exp(**LOGISTIC, **{"pvi.damping": 0.5, "pvi.guard": True,
+                                "pvi.nonmonotone": 3}).setup.config
+    assert guard.step_rule == "auto" and pvi.nonmonotone_index(
+        state, guard, np.array([-25.0, -29.0, -12.0, -11.0]), steps[1:]) is None
     with pytest.raises(ConfigError, match="pvi.nonmonotone"):
         parse_run_config({**LOGISTIC, "pvi.nonmonotone": -1})
 

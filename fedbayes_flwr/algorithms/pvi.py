@@ -123,7 +123,8 @@ class PVIConfig:
         best: :func:`fedbayes_flwr.algorithms.pvi_step.choose`) or ``auto`` (the default):
         ``largest`` for models with exact expectations (linear, logistic: 11 / 18 / 19 rounds
         to the optimum on the benchmark's logistic problem, against 12 / 19 / 19 for ``safe``),
-        ``safe`` for Monte-Carlo ones (BNNs: the largest acceptable step alternates 0.25 / 0.5
+        ``safe`` for Monte-Carlo ones with ``damping = auto`` (a numeric damping with the guard
+        backtracks from it: ``largest``) (BNNs: the largest acceptable step alternates 0.25 / 0.5
         and ends at 0.861 test accuracy on the digits BNN, ``safe`` with the step memory and the
         non-monotone window at 0.906; ``benchmarks/pvi_damping.py``).
     sufficient_increase : float
@@ -134,7 +135,8 @@ class PVIConfig:
         set), so after a cliff the search does not start from the unit step again (Nocedal &
         Wright 2006, Section 4.1: grow the trust region by at most a factor 2).
     nonmonotone : int
-        Window ``W`` of the non-monotone fallback (default 5; 0: off). When no candidate of a round's first
+        Window ``W`` of the non-monotone fallback (default 5; 0: off; ``damping = auto`` only,
+        so the guard of a numeric damping stays strict). When no candidate of a round's first
         search exchange keeps the free energy, take the largest candidate step at most the last
         step taken whose free energy is at least the lowest of the last ``W`` rounds' free
         energies, instead of backtracking to tiny steps (Grippo, Lampariello & Lucidi 1986's
@@ -600,8 +602,8 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
                        for j in range(len(ells))])
     f0, plain = values[0], values[1:1 + config.line_search_steps]
     rule = config.step_rule
-    if rule == "auto":
-        rule = "largest" if exact_free_energy else "safe"
+    if rule == "auto":  # a numeric damping with the guard: plain backtracking from it
+        rule = "safe" if config.auto and not exact_free_energy else "largest"
     index = S.choose(f0, plain, config.guard_tolerance, rule,
                      cands.steps[1:1 + config.line_search_steps], config.sufficient_increase,
                      first_has_margin=state.search == 0, unit_if_best=exact_free_energy)
@@ -646,10 +648,11 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
 
 def nonmonotone_index(state: ServerState, config: PVIConfig, values: np.ndarray,
                       steps: np.ndarray) -> int | None:
-    """The non-monotone fallback (``pvi.nonmonotone``): the index of the largest candidate step
-    at most the last step taken whose free energy ``values`` is at least the lowest of the last
-    ``nonmonotone`` rounds' free energies; None when off, before any step was taken, or when no
-    candidate qualifies.
+    """The non-monotone fallback (``pvi.nonmonotone``, with ``damping = auto``): the index of the
+    largest candidate step at most the last step taken whose free energy ``values`` is at least
+    the lowest of the last ``nonmonotone`` rounds' free energies; None when off, with a numeric
+    damping (the guard stays strict), before any step was taken, or when no candidate
+    qualifies.
 
     References
     ----------
@@ -658,7 +661,8 @@ def nonmonotone_index(state: ServerState, config: PVIConfig, values: np.ndarray,
     ``M`` objective values; here the lowest, for ascent).
     """
     last = state.last_step
-    if config.nonmonotone <= 0 or not state.recent or not (np.isfinite(last) and last > 0):
+    if (not config.auto or config.nonmonotone <= 0 or not state.recent
+            or not (np.isfinite(last) and last > 0)):
         return None
     floor = min(state.recent)
     ok = np.flatnonzero(np.isfinite(values) & (values >= floor) & (steps <= last * (1 + 1e-12)))
