@@ -179,22 +179,8 @@ def part_logistic(args, results: common.Results) -> None:
                 hline=(f"target {MEAN_SD} sd", MEAN_SD))
 
 
-def _bnn_doc(results: common.Results) -> dict:
-    """The BNN section, ``runs[seed][method]`` / ``final[seed][method]`` (a file written before
-    seeds were added keeps its seed-0 runs: they move under ``"0"``)."""
-    doc = results.doc.setdefault("bnn", {"runs": {}, "final": {}})
-    for key in ("runs", "final"):
-        part = doc.setdefault(key, {})
-        flat = {k: v for k, v in part.items() if not k.isdigit()}
-        if flat:
-            part.setdefault("0", {}).update(flat)
-            for k in flat:
-                del part[k]
-    return doc
-
-
 def part_bnn(args, results: common.Results) -> None:
-    doc = _bnn_doc(results)
+    doc = results.doc.setdefault("bnn", {"runs": {}, "final": {}})  # runs[seed][method]
     shared = dict(BNN, **({"local-steps": 50} if args.quick else {}))
     seeds = args.seeds if args.bnn_seeds is None else args.bnn_seeds
     for seed in seeds:

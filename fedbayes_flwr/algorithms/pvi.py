@@ -595,7 +595,8 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
     diagnostics = {"pvi_search_exchanges": state.search + 1}
     if not answered:
         return _finish(state, 0.0, None, None, rejected, complete, {
-            **diagnostics, "pvi_guard": "no client evaluated the candidates; round rolled back"})
+            **diagnostics, "pvi_guard": "no client evaluated the candidates; round rolled back"},
+            config.nonmonotone)
     ells = np.sum([r.expected_log_likelihood for r in answered], axis=0)
     values = np.array([S.free_energy(G.make(cands.posteriors.eta1[j], cands.posteriors.eta2[j]),
                                      state.prior, ells[j]) if cands.proper[j] else -np.inf
@@ -613,8 +614,8 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
         good = bool(np.isfinite(aa_value) and aa_value >= floor)
         diagnostics["pvi_anderson"] = bool(good)
         if good:
-            return _remember(_finish(state, float("nan"), cands.anderson, float(aa_value),
-                                     rejected, complete, diagnostics), config)
+            return _finish(state, float("nan"), cands.anderson, float(aa_value), rejected,
+                           complete, diagnostics, config.nonmonotone)
         state = state._replace(history=S.restart(state.history))
     steps = cands.steps[1:1 + config.line_search_steps]
     if index is None and state.search == 0:
@@ -624,16 +625,16 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
                 f"no step keeps the free energy ({f0:.6g}); non-monotone step {steps[index]:.3g} "
                 f"({plain[index]:.6g} >= {min(state.recent):.6g}, the lowest of the last "
                 f"{len(state.recent)} rounds)")
-            return _remember(_finish(state, float(steps[index]), None, float(plain[index]),
-                                     rejected, complete, diagnostics), config)
+            return _finish(state, float(steps[index]), None, float(plain[index]), rejected,
+                           complete, diagnostics, config.nonmonotone)
     if index is None:
         if state.search + 1 < config.max_backtracks:
             # no update yet: the next exchange still works towards this update (settled, 0)
             return state._replace(search=state.search + 1), StepInfo(
                 rejected=rejected, diagnostics=diagnostics)
-        return _remember(_finish(state, 0.0, None, float(f0), rejected, complete, {
+        return _finish(state, 0.0, None, float(f0), rejected, complete, {
             **diagnostics, "pvi_guard": f"no step down to {steps[-1]:.3g} keeps the free energy "
-                                        f"({f0:.6g}); round rolled back"}), config)
+                                        f"({f0:.6g}); round rolled back"}, config.nonmonotone)
     step = float(steps[index])
     floor = f0 - config.guard_tolerance * max(1.0, abs(f0))
     if (index > 0 or state.search > 0) and not values[1] >= floor:
@@ -642,8 +643,8 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
                                     f"({f0:.6g}); backtracked to {step:.3g}")
     elif index > 0 or state.search > 0:
         diagnostics["pvi_rule"] = f"step rule {rule!r} took {step:.3g}"
-    return _remember(_finish(state, step, None, float(values[1 + index]), rejected, complete,
-                             diagnostics), config)
+    return _finish(state, step, None, float(values[1 + index]), rejected, complete,
+                   diagnostics, config.nonmonotone)
 
 
 def nonmonotone_index(state: ServerState, config: PVIConfig, values: np.ndarray,
@@ -669,19 +670,11 @@ def nonmonotone_index(state: ServerState, config: PVIConfig, values: np.ndarray,
     return int(ok[0]) if ok.size else None
 
 
-def _remember(result, config: PVIConfig):
-    """Append the closed round's free energy to the non-monotone window (when known)."""
-    state, info = result
-    value = state.free_energy
-    if config.nonmonotone > 0 and np.isfinite(value):
-        state = state._replace(recent=(*state.recent, float(value))[-config.nonmonotone:])
-    return state, info
-
-
 def _finish(state: ServerState, step: float, anderson: NaturalGaussian | None,
-            value: float | None, rejected, complete: bool, diagnostics: dict):
+            value: float | None, rejected, complete: bool, diagnostics: dict, window: int):
     """Apply the chosen step (or Anderson's factors; step 0 rolls the round back) and close the
-    round."""
+    round; a known free energy joins the non-monotone window of the last ``window`` rounds
+    (``pvi.nonmonotone``; 0: none kept)."""
     if anderson is not None:
         factors = anderson
         posterior = _with_factors(state, anderson)
@@ -694,10 +687,13 @@ def _finish(state: ServerState, step: float, anderson: NaturalGaussian | None,
         factors, posterior, accepted = state.factors, state.posterior, ()
     free_energy = float("nan") if value is None or not complete else value
     diagnostics["pvi_step"] = "anderson" if anderson is not None else step
+    recent = state.recent
+    if window > 0 and np.isfinite(free_energy):
+        recent = (*recent, float(free_energy))[-window:]
     state = state._replace(posterior=posterior, factors=factors, phase=_PHASE_TRAIN, search=0,
                            received=np.zeros_like(state.received), free_energy=free_energy,
                            last_step=state.last_step if anderson is not None or step <= 0
-                           else float(step))
+                           else float(step), recent=recent)
     lml = None if np.isnan(free_energy) else free_energy
     return state, StepInfo(updates=1, accepted=accepted, rejected=rejected,
                            metrics={"log_marginal_likelihood": lml}, diagnostics=diagnostics)
