@@ -3,7 +3,8 @@
 (issue 13).
 
 Runs the digits BNN on the pathological split (``pvi_damping.BNN``, seed 0) with ``damping =
-auto``, the ``safe`` step rule and step memory but no non-monotone window, for ``--rounds``
+auto``, the ``safe`` step rule and step memory but no non-monotone window and no proximal local
+solves, for ``--rounds``
 rounds (12: where that run stalls), then, at that state, computes every client's undamped delta
 with three different local-solve seeds and measures
 
@@ -15,6 +16,14 @@ with three different local-solve seeds and measures
 A delta that seeds agree on (cosine near 1) and along which the free energy falls from ``s = 0``
 is a consistent descent direction, not Monte-Carlo noise: a monotone rule stops there for good,
 which is why ``pvi.nonmonotone`` exists (:func:`fedbayes_flwr.algorithms.pvi.nonmonotone_index`).
+
+It then measures the same profile along the combined delta of *proximal* local solves
+(``pvi.proximal``, weights ``beta`` in :data:`BETAS`, the first seed's local-solve seeds): the
+clients' changes of infinitesimal local steps add up to the global natural gradient, those of
+full local solves need not, and a KL-proximal term pulls each change toward its local natural
+gradient (:func:`fedbayes_flwr.algorithms.pvi.undamped_change`). If the free energy rises along
+the proximal deltas where it falls along the plain one, ``proximal = auto`` (switched on by the
+first stalled round) is what un-stalls the run.
 
 Usage::
 
@@ -43,18 +52,20 @@ from fedbayes_flwr.posterior import GaussianPosterior
 
 NAME = "pvi_bnn_stall"
 SETTING = {**BNN, "seed": 0, "pvi.step-rule": "safe", "pvi.step-memory": True,
-           "pvi.nonmonotone": 0}
+           "pvi.nonmonotone": 0, "pvi.proximal": 0.0}  # stop 19's stalling run, as it was
 STEPS = (1 / 1024, 1 / 256, 1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 SAMPLES = 256
+BETAS = (1.0, 3.0, 9.0)
 EVAL_SEED = np.array([91, 3], dtype=np.int32)
 
 
-def combined_deltas(exp, state, number: int) -> G.NaturalGaussian:
-    """Every client's undamped delta at ``state``, local-solve seeds of round ``number``."""
+def combined_deltas(exp, state, number: int, beta: float = 0.0) -> G.NaturalGaussian:
+    """Every client's undamped delta at ``state``, local-solve seeds of round ``number``, proximal
+    weight ``beta``."""
     out = []
     for pid in range(exp.num_clients):
         d = exp.client_data(pid)
-        msg = pvi.StepMessage(state.posterior, pvi.factor_of(state, pid), number)
+        msg = pvi.StepMessage(state.posterior, pvi.factor_of(state, pid), number, beta)
         seed = client_seed(exp.config.seed, "pvi", "step", number, pid, 0)
         out.append(pvi.undamped_change(seed, msg, exp.model, d.x, d.y, exp.setup.config,
                                        exp.prior, exp.num_clients).delta)
@@ -83,7 +94,8 @@ def main() -> int:
               (rounds + 1, rounds + 101, rounds + 201)]
     deltas.append(G.NaturalGaussian(sum(d.eta1 for d in deltas) / 3,
                                     sum(d.eta2 for d in deltas) / 3))
-    names = ["seed a", "seed b", "seed c", "average"]
+    deltas += [combined_deltas(exp, state, rounds + 1, beta) for beta in BETAS]
+    names = ["seed a", "seed b", "seed c", "average"] + [f"proximal {b:g}" for b in BETAS]
     mean0, var0 = G.to_moments(state.posterior)
 
     def at(delta, s):
@@ -126,8 +138,12 @@ def main() -> int:
         print(name, " ".join(f"{p['step']:g}:{p['change']:+.1f}" if p["proper"] else
                              f"{p['step']:g}:improper" for p in profile), flush=True)
     results.doc["profiles"] = profiles
-    falls = [p["change"] < 0 for prof in profiles.values() for p in prof if p["proper"]]
+    falls = [p["change"] < 0 for name, prof in profiles.items() if not name.startswith("prox")
+             for p in prof if p["proper"]]
     results.doc["verdict"] = {
+        "proximal_best_change": {
+            name: max((p["change"] for p in prof if p["proper"]), default=None)
+            for name, prof in profiles.items() if name.startswith("proximal")},
         "min_cosine_means": min(c["means"] for c in results.doc["cosines"]),
         "min_cosine_log_variances": min(c["log_variances"] for c in results.doc["cosines"]),
         "free_energy_falls_at_every_step": bool(all(falls))}

@@ -69,8 +69,12 @@ BNN_METHODS = {
     "damping 0.1": {"pvi.damping": 0.1, "pvi.guard": False},
     "damping 0.2": {"pvi.damping": 0.2, "pvi.guard": False},
     "damping 0.3": {"pvi.damping": 0.3, "pvi.guard": False},
-    # the default: step-rule auto (safe for a BNN), step memory, non-monotone window 5
+    # the default: step-rule auto (safe for a BNN), step memory, non-monotone window 5,
+    # adaptive proximal local solves
     "auto": {},
+    # stop 19's default: no proximal local solves
+    "auto, proximal 0": {"pvi.proximal": 0.0},
+    "auto, proximal 1": {"pvi.proximal": 1.0},
     # ablations, each spelled out in full (the defaults changed after stop 18)
     "auto, step-rule largest": OLD,
     "auto, step-rule best": {**OLD, "pvi.step-rule": "best"},

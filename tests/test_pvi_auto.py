@@ -406,3 +406,151 @@ def test_auto_or_number_coerces_what_toml_and_the_cli_give():
     with pytest.raises(ConfigError, match="dhmc.mixing-rounds"):
         parse_run_config({"algorithm": "dhmc", "dhmc.mixing-rounds": "10.5"})
     assert parse_run_config({"algorithm": "dhmc", "dhmc.mixing-rounds": "7"}).section.mixing_rounds == 7
+
+
+# ---- proximal local solves (pvi.proximal) ----------------------------------------------------
+
+
+def test_tempered_model_scales_every_likelihood_and_nothing_else():
+    import tensorflow as tf
+
+    from fedbayes_flwr.models.tempered import Tempered, tempered
+
+    exp = _exp(model="linear-regression", dataset="synthetic", **{"num-clients": 2})
+    model, x, y = exp.model, exp.dataset.x_train, exp.dataset.y_train
+    hot = tempered(model, 0.25)
+    assert tempered(model, 0.25) is hot and tempered(model, 1.0) is model  # one object per power
+    theta = tf.constant(np.random.default_rng(0).normal(size=(3, x.shape[1])))
+    xt, yt = tf.constant(x), tf.constant(y)
+    np.testing.assert_allclose(hot.log_likelihood_tf(theta, xt, yt).numpy(),
+                               0.25 * model.log_likelihood_tf(theta, xt, yt).numpy(), rtol=1e-14)
+    np.testing.assert_allclose(hot.log_likelihood_rows_tf(theta, xt, yt).numpy(),
+                               0.25 * model.log_likelihood_rows_tf(theta, xt, yt).numpy(),
+                               rtol=1e-14)
+    m1, m2 = tf.constant(np.ones(x.shape[1])), tf.constant(2.0 * np.eye(x.shape[1]))
+    np.testing.assert_allclose(hot.expected_log_likelihood_tf(m1, m2, xt, yt).numpy(),
+                               0.25 * model.expected_log_likelihood_tf(m1, m2, xt, yt).numpy(),
+                               rtol=1e-14)
+    factor, cold = hot.likelihood_factor(x, y), model.likelihood_factor(x, y)
+    np.testing.assert_allclose(factor.eta2, 0.25 * cold.eta2, rtol=1e-14)
+    assert hot.param_dim(x.shape[1]) == model.param_dim(x.shape[1])  # the rest is the model's
+    bnn = _exp(model="bnn-classifier", dataset="digits", **{"num-clients": 2}).model
+    assert not hasattr(tempered(bnn, 0.5), "expected_log_likelihood_tf")  # absent stays absent
+    with pytest.raises(ValueError, match="power must be > 0"):
+        Tempered(model, 0.0)
+
+
+def test_proximal_change_is_the_plain_change_scaled_on_conjugate_models():
+    """Full-covariance conjugate model: the proximal local optimum is ``a q_k + (1 - a) q`` in
+    natural parameters (``a = 1 / (1 + beta)``), so the change is exactly ``a`` times the plain
+    one."""
+    exp = _exp(model="linear-regression", dataset="synthetic",
+               **{"num-clients": 4, "partition": "dirichlet", "partition-alpha": 0.3, "seed": 2,
+                  "pvi.damping": 0.5})  # a numeric damping: q is not yet the posterior
+    (_, state, _), = iterate_in_process(exp, num_rounds=1)
+    config = exp.setup.config
+    for pid in range(exp.num_clients):
+        d = exp.client_data(pid)
+        plain = pvi.undamped_change(np.array([1, 2]), pvi.StepMessage(
+            state.posterior, pvi.factor_of(state, pid), 2), exp.model, d.x, d.y, config).delta
+        assert np.abs(plain.eta1).max() > 1e-3  # not yet at the fixed point
+        for beta in (0.5, 1.0, 7.0):
+            change = pvi.undamped_change(np.array([1, 2]), pvi.StepMessage(
+                state.posterior, pvi.factor_of(state, pid), 2, beta), exp.model, d.x, d.y,
+                config).delta
+            np.testing.assert_allclose(change.eta1, plain.eta1 / (1 + beta), rtol=1e-9,
+                                       atol=1e-12)
+            np.testing.assert_allclose(change.eta2, plain.eta2 / (1 + beta), rtol=1e-9,
+                                       atol=1e-12)
+
+
+def test_proximal_change_tends_to_the_local_natural_gradient():
+    """Logistic regression (not conjugate; the deterministic local solver): ``(1 + beta)`` times
+    the proximal change tends to the local natural gradient ``q_cav + dE_q[log p(y_k)]/dmu - q``
+    at rate ``1 / beta`` (the proximal solution's expansion), so the clients' changes add up to
+    a multiple of the global natural gradient."""
+    from fedbayes_flwr.vi import expected_ll_grad
+
+    exp = _exp(**LOGISTIC)
+    (_, state, _), = iterate_in_process(exp, num_rounds=1)
+    config, q = exp.setup.config, state.posterior
+    for pid in (0, 3):
+        d = exp.client_data(pid)
+        factor = pvi.factor_of(state, pid)
+        g1, g2 = expected_ll_grad(np.array([0, 0]), exp.model, d.x, d.y, q)
+        cavity = G.sub(q, factor)
+        natgrad = np.concatenate([cavity.eta1 + g1 - q.eta1, cavity.eta2 + g2 - q.eta2])
+        errors = []
+        for beta in (100.0, 1000.0):
+            change = pvi.undamped_change(np.array([0, 0]), pvi.StepMessage(q, factor, 2, beta),
+                                         exp.model, d.x, d.y, config).delta
+            scaled = (1 + beta) * np.concatenate([change.eta1, change.eta2])
+            errors.append(np.linalg.norm(scaled - natgrad) / np.linalg.norm(natgrad))
+        # O(1/beta): the error falls about tenfold from beta = 100 to 1000 (measured 2.6e-3 ->
+        # 2.7e-4 and 6.3e-4 -> 8.8e-5; a factor 5 allows for the solver's tolerance)
+        assert errors[1] < 1e-3 and errors[1] < errors[0] / 5, errors
+
+
+def test_fixed_proximal_weight_travels_to_the_clients_and_halves_each_conjugate_step():
+    """``proximal = 1`` on a full-covariance conjugate model: every round's change is half the
+    exact one and ``s = 1`` keeps the free energy, so after ``r`` rounds the natural parameters
+    are ``exact + (prior - exact) / 2^r`` (the weight reached the clients' local solves)."""
+    exp = _exp(model="gaussian-mean", dataset="synthetic",
+               **{"num-clients": 5, "seed": 1, "pvi.proximal": 1.0})
+    exact = _exact(exp)
+    logs = list(iterate_in_process(exp, num_rounds=3))
+    for r, (_, state, log) in enumerate(logs, start=1):
+        assert log.diagnostics["pvi_step"] == 1.0 and log.diagnostics["pvi_proximal"] == 1.0
+        for got, want, start in ((state.posterior.eta1, exact.eta1, exp.prior.eta1),
+                                 (state.posterior.eta2, exact.eta2, exp.prior.eta2)):
+            np.testing.assert_allclose(got, want + (start - want) / 2**r, rtol=1e-9)
+
+
+def test_adaptive_proximal_weight_grows_on_a_stalled_round_only():
+    """``proximal = auto`` (with ``damping = auto``): 1 from round 1 for Monte-Carlo models, 0
+    for exact ones; after a round whose first search exchange finds no step keeping the free
+    energy ``max(1, 2 beta)`` up to ``PROXIMAL_MAX``; a round whose step keeps the free energy
+    leaves it alone; with a numeric damping it stays 0."""
+    exp = _exp(**LOGISTIC, **{"pvi.nonmonotone": 3, "pvi.step-rule": "largest"})
+    config, m = exp.setup.config, exp.num_clients
+    assert config.proximal == "auto" and config.adaptive_proximal
+    state = list(iterate_in_process(exp, num_rounds=2))[-1][1]
+    assert state.proximal == 0.0  # logistic regression never stalls here
+    state = state._replace(deltas=G.scale(state.factors, 0.1), received=np.ones(m, bool),
+                           phase=pvi._PHASE_SEARCH, last_step=0.25, recent=(-30.0, -10.0))
+    falls, keeps = [-10.0, -25.0, -29.0, -12.0, -11.0], [-10.0, -9.0, -9.5, -9.8, -9.9]
+    new, info = _search_with(state, config, m, falls)
+    assert new.proximal == 1.0 and info.diagnostics["pvi_proximal_next"] == 1.0
+    assert "pvi_proximal" not in info.diagnostics  # this round's deltas were plain
+    assert "non-monotone" in info.diagnostics["pvi_guard"]  # the round itself is unchanged
+    for before, after in ((1.0, 2.0), (4.0, 8.0), (pvi.PROXIMAL_MAX, pvi.PROXIMAL_MAX)):
+        new, info = _search_with(state._replace(proximal=before), config, m, falls)
+        assert new.proximal == after and info.diagnostics["pvi_proximal"] == before
+    new, _ = _search_with(state._replace(proximal=2.0), config, m, keeps)
+    assert new.proximal == 2.0
+    # round 1: 1 for a model whose local solves are Monte Carlo (a BNN), 0 for exact ones
+    bnn = {"model": "bnn-classifier", "dataset": "digits", "num-clients": 2}
+    for keys, beta in (({}, 1.0), ({"pvi.damping": 0.5}, 0.0), ({"pvi.proximal": 0.0}, 0.0),
+                       ({"pvi.proximal": 2.5}, 2.5)):
+        b = _exp(**bnn, **keys)
+        assert b.bundle.init_server(b.setup).proximal == beta, keys
+    assert exp.bundle.init_server(exp.setup).proximal == 0.0
+    for keys in ({"pvi.damping": 0.5}, {"pvi.proximal": 0.0}, {"pvi.proximal": 3.0}):
+        fixed = _exp(**LOGISTIC, **keys).setup.config
+        assert not fixed.adaptive_proximal
+        start = fixed.first_proximal()
+        new, _ = _search_with(state._replace(proximal=start), fixed, m, falls)
+        assert new.proximal == start
+
+
+@pytest.mark.parametrize("keys, match", [
+    ({"pvi.proximal": -1}, "pvi.proximal: expected 'auto' or a number >= 0"),
+    ({"pvi.proximal": "lots"}, "pvi.proximal: expected 'auto'"),
+    ({"pvi.proximal": 1, "pvi.schedule": "sequential"}, "pvi.proximal: a proximal weight needs"),
+    ({"pvi.proximal": 1, "pvi.damping": 0.5, "pvi.guard": False}, "pvi.proximal: a proximal"),
+])
+def test_bad_proximal_settings_name_the_key(keys, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_run_config(keys)
+    assert parse_run_config({"pvi.proximal": "2"}).section.proximal == 2.0
+    assert parse_run_config({}).section.proximal == "auto"

@@ -146,6 +146,21 @@ class PVIConfig:
         agree to cosine 0.99 in the means and 0.97 in the log-variances; the free energy falls
         linearly from ``s = 0``), so a monotone rule stalls there, while fixed damping moves on
         and recovers.
+    proximal : float or "auto"
+        KL-proximal local solves (server-held synchronous factors): with ``beta > 0`` a
+        client maximises ``E_q[log p(y_k | theta)] - KL(q || q_cav) - beta * KL(q || q_now)``
+        (:func:`undamped_change`), whose solution pulls its change toward a natural-gradient
+        step of size ``1 / (1 + beta)``; the changes of infinitesimal local steps add up to the
+        global natural gradient, those of full local solves need not. ``auto`` (the default;
+        ``damping = auto`` only, else 0): ``beta = 1`` from round 1 for models whose local
+        solves are Monte Carlo (BNNs), 0 for models with exact expectations (conjugate,
+        logistic: their plain deltas never stalled), and after every round whose first search
+        exchange finds no step that keeps the free energy ``max(1, 2 beta)``, up to
+        :data:`PROXIMAL_MAX`, never lowered. Measured on the digits BNN (seed 0, round 12, where
+        the plain combined delta lowers the free energy at every step, by 83 nats at ``s =
+        1/2``): the proximal deltas with ``beta = 1 / 3 / 9`` raise it by 134 / 158 / 160 nats
+        at ``s = 1/2``. A number: that ``beta`` every round (0: plain local solves). Conjugate
+        models: the change is exactly the plain one times ``1 / (1 + beta)``.
     covariance : str
         ``auto`` (mean-field for BNNs, full otherwise), ``full`` or ``diag``.
     local_optimiser : str
@@ -191,9 +206,25 @@ class PVIConfig:
     sufficient_increase: float = 0.5
     step_memory: bool = True
     nonmonotone: int = 5
+    proximal: float | str = "auto"
 
     def __post_init__(self):  # TOML / CLI give "auto" or a number (maybe as text)
         object.__setattr__(self, "damping", auto_or_number(self.damping, float))
+        object.__setattr__(self, "proximal", auto_or_number(self.proximal, float))
+
+    def first_proximal(self, monte_carlo: bool = False) -> float:
+        """The proximal weight ``beta`` of round 1: a number as set; ``auto`` with ``damping =
+        auto`` (synchronous) 1 for models whose local solves are Monte Carlo (``monte_carlo``:
+        no deterministic expectations, e.g. BNNs) and 0 for the others; otherwise 0."""
+        if self.proximal != "auto":
+            return float(self.proximal)
+        return 1.0 if monte_carlo and self.adaptive_proximal else 0.0
+
+    @property
+    def adaptive_proximal(self) -> bool:
+        """Whether ``beta`` grows on a stalled round (``proximal = auto`` with ``damping =
+        auto``, synchronous)."""
+        return self.proximal == "auto" and self.auto and self.schedule == "synchronous"
 
     @property
     def auto(self) -> bool:
@@ -267,6 +298,13 @@ class PVIConfig:
              f"must be in [0, 1), got {self.sufficient_increase}")
         need(self.nonmonotone >= 0, "nonmonotone",
              f"must be >= 0 (0: off), got {self.nonmonotone}")
+        need(self.proximal == "auto" or (isinstance(self.proximal, float)
+                                          and self.proximal >= 0), "proximal",
+             f"expected 'auto' or a number >= 0 (0: plain local solves), got {self.proximal!r}")
+        need(self.proximal in ("auto", 0.0) or (self.server_held
+                                                 and self.schedule == "synchronous"),
+             "proximal", "a proximal weight needs the synchronous schedule with server-held "
+             "factors (damping='auto' or guard=true)")
         need(self.anderson_memory >= 1, "anderson-memory",
              f"must be >= 1, got {self.anderson_memory}")
         need(self.fixed_point_iterations >= 1, "fixed-point-iterations",
@@ -304,6 +342,7 @@ class ServerState(NamedTuple):
     history: S.History | None = None
     last_step: float = float("nan")  # the step taken last round (step memory); NaN: none yet
     recent: tuple = ()  # free energies of the last rounds (non-monotone window), oldest first
+    proximal: float = 0.0  # the proximal weight beta of the next round's local solves
 
 
 # Client state: the accepted factor t_k (``value``) and the factor waiting for the server's ack
@@ -349,12 +388,13 @@ class EvalReply(NamedTuple):
 
 
 class StepMessage(NamedTuple):
-    """Server-held factors: ``q``, the client's factor ``t_k`` as the server holds it, and the
-    round (echoed back)."""
+    """Server-held factors: ``q``, the client's factor ``t_k`` as the server holds it, the
+    round (echoed back) and the proximal weight ``beta`` of the local solve (``pvi.proximal``)."""
 
     posterior: NaturalGaussian
     factor: NaturalGaussian
     server_round: int
+    proximal: float = 0.0
 
 
 class CandidateMessage(NamedTuple):
@@ -382,9 +422,10 @@ def _stacked_zeros(prior: NaturalGaussian, count: int) -> NaturalGaussian:
 
 
 def init_server(prior: NaturalGaussian, num_clients: int,
-                config: PVIConfig | None = None) -> ServerState:
+                config: PVIConfig | None = None, monte_carlo: bool = False) -> ServerState:
     """Start with ``q = prior`` and every ``t_k = 1`` (held by the server too when ``config``
-    uses server-held factors)."""
+    uses server-held factors; ``monte_carlo``: the model's local solves are Monte Carlo, which
+    sets the first proximal weight of ``proximal = auto``)."""
     G.check_proper(prior, "prior")
     state = ServerState(prior, prior, 0, np.full(num_clients, NO_ROUND, dtype=np.int64))
     if config is None or not config.server_held:
@@ -392,7 +433,8 @@ def init_server(prior: NaturalGaussian, num_clients: int,
     zeros = _stacked_zeros(prior, num_clients)
     return state._replace(factors=zeros, deltas=zeros,
                           received=np.zeros(num_clients, dtype=bool),
-                          history=S.init_history(zeros, config.anderson_memory))
+                          history=S.init_history(zeros, config.anderson_memory),
+                          proximal=config.first_proximal(monte_carlo))
 
 
 def factor_of(state: ServerState, partition_id: int) -> NaturalGaussian:
@@ -502,10 +544,36 @@ def client_step(seed, state: ClientState, message: ServerMessage, model, x, y, c
 def undamped_change(seed, message: StepMessage, model, x, y, config: PVIConfig,
                     prior: NaturalGaussian | None = None, num_clients: int = 1) -> ClientMessage:
     """Server-held factors: the undamped change ``t_k' - t_k`` of the factor the server sent
-    (without deletion: ``q' / q``); the client keeps nothing (the server picks the step)."""
+    (without deletion: ``q' / q``); the client keeps nothing (the server picks the step).
+
+    With a proximal weight ``beta = message.proximal > 0`` the local solve is
+
+        q_k = argmax_q  E_q[log p(y_k | theta)] - KL(q || q_cav) - beta * KL(q || q),
+
+    that is (the two KLs merge, natural parameters) ``a * E_q[log p(y_k | theta)] - KL(q || r)``
+    with ``a = 1 / (1 + beta)`` and ``r = a * (q_cav + beta * q)``; ``t_k' = q_k / q_cav`` as
+    before. As ``beta`` grows the change tends to ``a`` times the local natural gradient, and
+    the clients' changes add up to ``a`` times the global one, an ascent direction of the
+    global free energy.
+
+    References
+    ----------
+    Ashman et al. (2022), PVI, eq. (2)-(3) (local free energy, factor update); Khan & Rue (2023),
+    "The Bayesian Learning Rule", eq. (7) and Section 1.2 (a KL-proximal step is a natural-
+    gradient step); Parikh & Boyd (2014), "Proximal Algorithms", Section 4.1.
+    """
     factor = message.factor
     cavity = cavity_for(config, message.posterior, factor, prior, num_clients)
-    q_new = local_optimum(seed, model, x, y, cavity, message.posterior, config)
+    beta = float(message.proximal)
+    if beta > 0:
+        from ..models.tempered import tempered
+
+        power = 1.0 / (1.0 + beta)
+        target = G.scale(G.add(cavity, G.scale(message.posterior, beta)), power)
+        q_new = local_optimum(seed, tempered(model, power), x, y, target, message.posterior,
+                              config)
+    else:
+        q_new = local_optimum(seed, model, x, y, cavity, message.posterior, config)
     if config.cavity == "no-deletion":
         change = G.sub(q_new, message.posterior)
     else:
@@ -618,6 +686,13 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
                            complete, diagnostics, config.nonmonotone)
         state = state._replace(history=S.restart(state.history))
     steps = cands.steps[1:1 + config.line_search_steps]
+    if state.proximal > 0:
+        diagnostics["pvi_proximal"] = float(state.proximal)  # the beta of this round's deltas
+    if index is None and state.search == 0 and config.adaptive_proximal:
+        state = state._replace(proximal=raised_proximal(state.proximal))
+        diagnostics["pvi_proximal_next"] = state.proximal
+        if config.acceleration == "anderson":  # the fixed-point map changes with beta
+            state = state._replace(history=S.restart(state.history))
     if index is None and state.search == 0:
         index = nonmonotone_index(state, config, plain, steps)
         if index is not None:
@@ -645,6 +720,15 @@ def search_step(state: ServerState, replies, config: PVIConfig, num_clients: int
         diagnostics["pvi_rule"] = f"step rule {rule!r} took {step:.3g}"
     return _finish(state, step, None, float(values[1 + index]), rejected, complete,
                    diagnostics, config.nonmonotone)
+
+
+PROXIMAL_MAX = 16.0  # the largest adaptive proximal weight: changes of 1/17 of a full solve
+
+
+def raised_proximal(beta: float) -> float:
+    """``proximal = auto`` after a stalled round: ``1``, then doubled, up to
+    :data:`PROXIMAL_MAX`."""
+    return float(min(PROXIMAL_MAX, max(1.0, 2.0 * beta)))
 
 
 def nonmonotone_index(state: ServerState, config: PVIConfig, values: np.ndarray,
@@ -842,7 +926,8 @@ def optimise_prior_scale(state: ServerState) -> tuple[ServerState, float]:
 
 # ---------------------------------------------------------------------------- the bundle
 def _init_server(setup) -> ServerState:
-    return init_server(setup.prior, setup.num_clients, setup.config)
+    return init_server(setup.prior, setup.num_clients, setup.config,
+                       not setup.model.deterministic_expectations)
 
 
 def _init_client(setup, partition_id: int) -> ClientState | NoState:
@@ -866,7 +951,8 @@ def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
         pids = select_clients(setup.run_seed, rnd.number, setup.num_clients, schedule)
     if setup.config.server_held:
         return {pid: Request(STEP, StepMessage(state.posterior, factor_of(state, pid),
-                                               state.server_round + 1)) for pid in pids}
+                                               state.server_round + 1, float(state.proximal)))
+                for pid in pids}
     return {pid: Request(TRAIN, broadcast(state, pid)) for pid in pids}
 
 
@@ -928,7 +1014,8 @@ def _actions(setup) -> dict[str, ActionSpec]:
     return {TRAIN: ActionSpec("train", ServerMessage(prior, 0, 0), ClientMessage(prior, 0, 0)),
             EVALUATE: ActionSpec("evaluate", EvalMessage(prior, 0),
                                  EvalReply(np.zeros(1, np.float64))),
-            STEP: ActionSpec("train", StepMessage(prior, prior, 0), ClientMessage(prior, 0, 0)),
+            STEP: ActionSpec("train", StepMessage(prior, prior, 0, 0.0),
+                             ClientMessage(prior, 0, 0)),
             CANDIDATES: ActionSpec("evaluate", CandidateMessage(stacked.eta1, stacked.eta2),
                                    CandidateReply(np.zeros(count, np.float64)))}
 
