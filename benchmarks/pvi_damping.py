@@ -199,7 +199,8 @@ def part_bnn(args, results: common.Results) -> None:
                      "test_nll": h["test_nll"], "free_energy": h.get("log_marginal_likelihood"),
                      "step": h.get("diagnostics", {}).get("pvi_step"),
                      "guard": h.get("diagnostics", {}).get("pvi_guard"),
-                     "search_exchanges": h.get("diagnostics", {}).get("pvi_search_exchanges")}
+                     "search_exchanges": h.get("diagnostics", {}).get("pvi_search_exchanges"),
+                     "proximal": h.get("diagnostics", {}).get("pvi_proximal", 0.0)}
                     for h in result["history"]]
             accuracy = [r["test_accuracy"] for r in rows]
             diverged = any(a < 0.5 for a in accuracy[accuracy.index(max(accuracy)):]) and max(
@@ -264,6 +265,10 @@ def bnn_acceptance(final: dict) -> dict:
             "paired_difference_se": float(np.std([a - b for a, b in p], ddof=1)
                                           / np.sqrt(len(p))) if len(p) > 1 else None}
         for m, p in pairs.items() if p}
+    # the item 3 as written: auto at least the best fixed damping, seed by seed
+    out["auto_at_least_best_fixed"] = {
+        "seeds": len(gaps), "on": sum(a >= b for a, b in gaps),
+        "every_seed": bool(gaps) and all(a >= b for a, b in gaps)}
     out["auto_not_diverged"] = not any(r.get("auto", {}).get("diverged", False)
                                        for r in final.values())
     return out

@@ -22,11 +22,13 @@ pytestmark = pytest.mark.flower
 LOGISTIC = ["--model", "logistic-regression", "--dataset", "breast-cancer", "--num-clients", "4",
             "--partition", "dirichlet", "--partition-alpha", "0.5", "--num-rounds", "3",
             "--seed", "5"]
-LOGISTIC_RC = "local-steps=80 mc-samples=5 inject-fault='nan@2:1'"
+# a proximal weight, so the server's per-round value travels in the step messages too
+LOGISTIC_RC = "local-steps=80 mc-samples=5 inject-fault='nan@2:1' pvi.proximal=0.5"
 # the same settings as run-config keys, for the in-process runs
 LOGISTIC_KEYS = {"model": "logistic-regression", "dataset": "breast-cancer", "num-clients": 4,
                  "partition": "dirichlet", "partition-alpha": 0.5, "num-rounds": 3, "seed": 5,
-                 "local-steps": 80, "mc-samples": 5, "inject-fault": "nan@2:1"}
+                 "local-steps": 80, "mc-samples": 5, "inject-fault": "nan@2:1",
+                 "pvi.proximal": 0.5}
 
 
 def _simulate(out, argv, run_config, cpus="1"):
@@ -63,6 +65,7 @@ def test_simulation_equals_in_process_with_rejected_nan_reply(tmp_path):
     # identical metrics, byte counts and rejections round by round
     assert _comparable(flower["history"]) == _comparable(local["history"])
     assert [h["rejected_replies"] for h in flower["history"]] == [0, 1, 0]
+    assert [h["diagnostics"]["pvi_proximal"] for h in flower["history"]] == [0.5] * 3
     assert flower["history"][1]["rejections"][0]["field"] == "delta.eta1"
     # ... and the run equals one where that reply never arrived
     dropped = run_in_process(parse_run_config({**LOGISTIC_KEYS, "inject-fault": "drop@2:1",
@@ -150,6 +153,7 @@ def test_p_dsvgd_simulation_equals_in_process_with_rejected_reply(tmp_path):
     np.testing.assert_allclose(flower_post["samples"], local_post["samples"], rtol=0, atol=1e-6)
     assert _comparable(flower["history"]) == _comparable(local["history"])
     assert [h["rejected_replies"] for h in flower["history"]] == [0, 1, 0]
+    assert [h["diagnostics"]["pvi_proximal"] for h in flower["history"]] == [0.5] * 3
     assert flower["history"][1]["rejections"][0]["field"] == "particles"
     assert all(h["bytes_up"] > 0 and h["bytes_down"] > 0 for h in flower["history"])
 
