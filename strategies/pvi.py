@@ -44,7 +44,9 @@ class PVIStrategy(BundleStrategy):
     config : PVIConfig
         The ``pvi`` section (damping, schedule, local optimiser).
     model : fedbayes_flwr.models.Model, optional
-        Only needed server-side by nothing PVI does today; kept in the Setup for hooks.
+        Tells the server whether the model's expectations are Monte Carlo (BNNs), which sets
+        what ``step-rule = auto`` and ``proximal = auto`` mean; without one the server uses the
+        settings of models with exact expectations (right for conjugate and logistic models).
     **kwargs
         ``eval_every``, ``max_seconds``, ``max_retries`` (see :class:`BundleStrategy`).
     """

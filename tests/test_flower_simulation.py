@@ -153,7 +153,6 @@ def test_p_dsvgd_simulation_equals_in_process_with_rejected_reply(tmp_path):
     np.testing.assert_allclose(flower_post["samples"], local_post["samples"], rtol=0, atol=1e-6)
     assert _comparable(flower["history"]) == _comparable(local["history"])
     assert [h["rejected_replies"] for h in flower["history"]] == [0, 1, 0]
-    assert [h["diagnostics"]["pvi_proximal"] for h in flower["history"]] == [0.5] * 3
     assert flower["history"][1]["rejections"][0]["field"] == "particles"
     assert all(h["bytes_up"] > 0 and h["bytes_down"] > 0 for h in flower["history"])
 

@@ -554,3 +554,24 @@ def test_bad_proximal_settings_name_the_key(keys, match):
         parse_run_config(keys)
     assert parse_run_config({"pvi.proximal": "2"}).section.proximal == 2.0
     assert parse_run_config({}).section.proximal == "auto"
+
+
+def test_a_strategy_without_a_model_searches_like_an_exact_model():
+    """``PVIStrategy(prior, num_clients)`` reused in another Flower app has no model: the server
+    must still start and search (the settings of models with exact expectations: ``largest``
+    rule, ``beta = 0``), not fail on the missing model."""
+    exp = _exp(**LOGISTIC)
+    bare = exp.setup._replace(model=None)
+    assert pvi._init_server(bare).proximal == 0.0
+    state = list(iterate_in_process(exp, num_rounds=1))[-1][1]
+    m = exp.num_clients
+    state = state._replace(deltas=G.scale(state.factors, 0.1), received=np.ones(m, bool),
+                           phase=pvi._PHASE_SEARCH, last_step=1.0)
+    cands = pvi.candidates(state, bare.config)
+    kls = np.array([S.kl(G.make(cands.posteriors.eta1[j], cands.posteriors.eta2[j]), state.prior)
+                    for j in range(len(cands.steps))])
+    cliff = np.array([0.0, -226.0, 823.0, 511.0, 252.0]) + kls  # the exact-model choice: 1/2
+    replies = [(k, pvi.CandidateReply(cliff if k == 0 else np.zeros_like(cliff)))
+               for k in range(m)]
+    _, info = pvi._server_step(state, replies, bare, None)
+    assert info.diagnostics["pvi_step"] == 0.5

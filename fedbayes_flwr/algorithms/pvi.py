@@ -929,9 +929,16 @@ def optimise_prior_scale(state: ServerState) -> tuple[ServerState, float]:
 
 
 # ---------------------------------------------------------------------------- the bundle
+def _monte_carlo(setup) -> bool:
+    """Whether the model's expectations are Monte-Carlo estimates (BNNs), which sets what
+    ``step-rule = auto`` and ``proximal = auto`` mean. A strategy reused without a model (e.g.
+    ``PVIStrategy(prior, num_clients)`` in another Flower app) gets the settings of models with
+    exact expectations: they keep conjugate models exact in one round."""
+    return setup.model is not None and not setup.model.deterministic_expectations
+
+
 def _init_server(setup) -> ServerState:
-    return init_server(setup.prior, setup.num_clients, setup.config,
-                       not setup.model.deterministic_expectations)
+    return init_server(setup.prior, setup.num_clients, setup.config, _monte_carlo(setup))
 
 
 def _init_client(setup, partition_id: int) -> ClientState | NoState:
@@ -981,7 +988,7 @@ def _server_step(state: ServerState, replies, setup, rnd):
     if config.server_held:
         if state.phase == _PHASE_SEARCH:
             state, info = search_step(state, replies, config, setup.num_clients,
-                                      bool(setup.model.deterministic_expectations))
+                                      not _monte_carlo(setup))
         else:
             state, info = collect_deltas(state, replies, config)
         if info.updates and config.optimise_prior:
