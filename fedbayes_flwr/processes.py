@@ -127,7 +127,9 @@ def watch(parent: int, token: str) -> None:
 
     def remaining() -> set[int]:
         pids_ = {p for p, t in seen.items() if t is not None and start_time(p) == t}
-        return (pids_ | with_env(token)) - {os.getpid()}
+        # zombies are gone (only their parent can reap them): waiting on them would keep the
+        # watchdog itself alive for the whole grace period
+        return {p for p in (pids_ | with_env(token)) - {os.getpid()} if alive(p)}
 
     for sig, grace in STOP_GRACE_S:
         left, deadline = remaining(), time.monotonic() + grace

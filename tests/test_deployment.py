@@ -187,8 +187,10 @@ def test_deployment_engine_equals_in_process_and_leaves_no_process(tmp_path):
                               env=env, cwd=tmp_path, capture_output=True, text=True,
                               timeout=600, check=False)
     finally:
-        time.sleep(0.5)
-        leftover = _tagged(tag)
+        # the CLI's watchdog outlives it by at most one poll plus its stop sequence
+        deadline = time.monotonic() + processes.POLL_S + sum(g for _, g in processes.STOP_GRACE_S) + 1
+        while (leftover := _tagged(tag)) and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert not leftover, f"processes left running:\n{describe(leftover)}"
     assert proc.returncode == 0, proc.stderr[-4000:]
     logs = out / "deployment-logs"
