@@ -86,7 +86,8 @@ def resume_overrides(args: argparse.Namespace, ckpt) -> dict:
     if given:
         raise ConfigError(f"--resume continues the stored run with its own config: drop "
                           f"{', '.join(given)} (only --num-rounds may change)")
-    overrides = {**ckpt.run_config, "output-dir": os.path.abspath(args.resume)}
+    overrides = {**ckpt.run_config, "output-dir": os.path.abspath(args.resume),
+                 "resume": os.path.abspath(args.resume)}
     if args.num_rounds is not None:
         overrides["num-rounds"] = args.num_rounds
     return overrides
@@ -271,14 +272,13 @@ def main(argv=None, reap: bool = False) -> int:
 
             run_in_process(config, progress=not args.quiet, resume=ckpt)
         elif args.engine == "deployment":
-            code = run_deployment(config, ckpt, progress=not args.quiet)
+            code = run_deployment(config, progress=not args.quiet)
             if code is not None:
                 return code
         else:
             run_flower_simulation(overrides, exp.num_clients, args.num_cpus_per_client,
                                   progress=not args.quiet, num_gpus=args.num_gpus_per_client,
-                                  ray_address=args.ray_address,
-                                  resume_dir=args.resume and os.path.abspath(args.resume))
+                                  ray_address=args.ray_address)
     result_file = os.path.join(config.output_dir, "result.json")
     if not os.path.exists(result_file):
         print(f"error: the run wrote no {result_file} (see the log above)", file=sys.stderr)
@@ -323,14 +323,10 @@ def quiet_flower_logs() -> None:
     logging.getLogger("flwr").addFilter(_DropDeprecationNotice())
 
 
-def run_deployment(config, checkpoint=None, progress: bool = True) -> int | None:
+def run_deployment(config, progress: bool = True) -> int | None:
     """Run ``config`` on a one-machine Flower deployment (:mod:`fedbayes_flwr.deploy`): None
     when the run left a result to report, else the exit status (the reason is printed)."""
     from fedbayes_flwr import deploy as deployment
-
-    if checkpoint is not None:
-        print("error: --resume is not supported with --engine deployment", file=sys.stderr)
-        return 2
     from fedbayes_flwr.engine import Interrupted
 
     try:
@@ -353,7 +349,7 @@ def run_deployment(config, checkpoint=None, progress: bool = True) -> int | None
 
 def run_flower_simulation(overrides: dict, num_clients: int, num_cpus: float,
                           progress: bool = True, num_gpus: float = 0.0,
-                          ray_address: str | None = None, resume_dir: str | None = None) -> None:
+                          ray_address: str | None = None) -> None:
     """Run the ServerApp and ClientApps in Flower's Simulation Engine (Ray): a private local Ray
     instance, or the running cluster at ``ray_address`` (see :func:`ray_backend_config`)."""
     if ray_address is None and os.environ.get("RAY_ADDRESS"):
@@ -375,7 +371,7 @@ def run_flower_simulation(overrides: dict, num_clients: int, num_cpus: float,
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     run_simulation(
-        server_app=make_server_app(overrides, "simulation", progress, resume_dir),
+        server_app=make_server_app(overrides, "simulation", progress),
         client_app=make_client_app(overrides),
         num_supernodes=num_clients,
         backend_config=ray_backend_config(num_cpus, num_gpus, ray_address),

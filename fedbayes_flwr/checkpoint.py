@@ -34,6 +34,7 @@ import io
 import json
 import os
 import sys
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -209,8 +210,10 @@ def load(output_dir: str) -> Checkpoint:
     imports anyway) are loaded first, so the state types resolve."""
     path = path_in(output_dir)
     if not os.path.isfile(path):
-        raise CheckpointError(f"resume: no {FILE} in {output_dir!r} (a run writes one after "
-                              f"every recorded update)")
+        where = repr(output_dir) if os.path.isabs(output_dir) else \
+            f"{output_dir!r} (= {os.path.abspath(output_dir)})"
+        raise CheckpointError(f"resume: no {FILE} in {where} (a run writes one after every "
+                              f"recorded update)")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -256,3 +259,33 @@ def resume_config(ckpt: Checkpoint, output_dir: str, num_rounds: int | None = No
         raise CheckpointError(f"resume: the stored run config selects bundle "
                               f"{config.bundle_name!r}, the checkpoint holds {ckpt.bundle!r}")
     return config
+
+
+# run-config keys a resumed run may set differently from the stored run
+RESUME_MAY_CHANGE = ("num-rounds", "output-dir", "resume")
+
+
+def resumed(config):
+    """``(config, checkpoint)`` for a run config whose ``resume`` key names a stored run's
+    output directory; ``(config, None)`` when ``resume`` is empty.
+
+    The returned config is the stored run's (:func:`resume_config`) with this config's
+    ``num-rounds`` (total updates) and ``resume``, writing to the stored run's directory.
+    Every other key must equal the stored value: under ``flwr run`` the ClientApps read the
+    same run config as the ServerApp, so a different value would make another experiment.
+    Raises :class:`CheckpointError` naming each key that differs (stored and given values).
+    """
+    if not config.resume:
+        return config, None
+    ckpt = load(config.resume)
+    stored = resume_config(ckpt, config.resume, config.num_rounds)
+    want, given = stored.to_run_config(), config.to_run_config()
+    differ = [f"{k}: stored {want[k]!r}, given {given.get(k)!r}" for k in sorted(want)
+              if k not in RESUME_MAY_CHANGE and given.get(k) != want[k]]
+    if differ:
+        raise CheckpointError(f"resume: the run config must be the stored run's (only "
+                              f"num-rounds may change); differs in {'; '.join(differ)}")
+    if os.path.abspath(config.output_dir) != stored.output_dir:
+        warnings.warn(f"output-dir {config.output_dir!r} is not used: the resumed run goes on "
+                      f"in {stored.output_dir}", stacklevel=2)
+    return stored.replace(resume=stored.output_dir), ckpt

@@ -70,6 +70,7 @@ class RunConfig:
     client_delay: float = 0.0
     stragglers: str = ""
     straggler_factor: float = 5.0
+    resume: str = ""
     section: Any = dataclasses.field(default=None, compare=True)
 
     @property

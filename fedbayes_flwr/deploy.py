@@ -526,7 +526,8 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
     num_clients = int(run_config["num-clients"])
     log_dir = output_dir / LOG_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
-    for old in [*log_dir.glob("*.log"), output_dir / "result.json"]:
+    resuming = bool(run_config.get("resume"))  # result.json then holds the rows it continues
+    for old in [*log_dir.glob("*.log"), *[output_dir / "result.json"] * (not resuming)]:
         old.unlink(missing_ok=True)  # an earlier run's (the ServerApp's recorder does the same)
     work = Path(tempfile.mkdtemp(prefix="fedbayes-deploy-"))  # mode 0700
     flwr_home, app_dir = work / "flwr-home", work / "app"

@@ -355,12 +355,15 @@ def run_in_process(config, output_dir: str | None = None, progress: bool = True,
     """Run any registered algorithm without Flower; same seeds, same maths, same result files.
 
     A checkpoint is written after every history row; ``resume`` (a
-    :class:`fedbayes_flwr.checkpoint.Checkpoint`) continues the run it stores, up to
-    ``config.num_rounds`` updates in all. Returns the ``result.json`` content.
+    :class:`fedbayes_flwr.checkpoint.Checkpoint`), or else the run-config key ``resume`` (a
+    stored run's directory, :func:`fedbayes_flwr.checkpoint.resumed`), continues the run it
+    stores, up to ``config.num_rounds`` updates in all. Returns the ``result.json`` content.
     """
-    from .checkpoint import check_fits
+    from .checkpoint import check_fits, resumed
     from .recorder import Recorder
 
+    if resume is None:
+        config, resume = resumed(config)
     exp = build_experiment(config)
     posterior = None
     if resume is not None:

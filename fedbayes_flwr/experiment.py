@@ -119,7 +119,8 @@ NODE_LOCAL_KEYS = ("data", "client-delay", "output-dir")
 # A request carries the server's fingerprint under this ConfigRecord prefix; a client whose own
 # differs fails with a message starting with MISMATCH (the strategy stops the run on it).
 EXPECT, MISMATCH = "expect.", "experiment mismatch"
-SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries", "node-timeout", "round-timeout")
+SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries", "node-timeout", "round-timeout",
+                    "resume")
 
 
 def fingerprint(bundle_name: str, setup: Setup, run_config: dict | None = None) -> dict:

@@ -16,7 +16,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
-from fedbayes_flwr.checkpoint import load as load_checkpoint
+from fedbayes_flwr.checkpoint import resumed
 from fedbayes_flwr.config import parse_run_config
 from fedbayes_flwr.engine import Interrupted, RunStopped
 from fedbayes_flwr.experiment import build_experiment
@@ -42,12 +42,14 @@ def engine_of(grid: Grid) -> str:
 
 
 def make_server_app(overrides: dict | None = None, engine: str | None = None,
-                    progress: bool = True, resume_dir: str | None = None) -> ServerApp:
+                    progress: bool = True) -> ServerApp:
     """A ServerApp whose run config is ``context.run_config`` updated by ``overrides``.
 
     A checkpoint is written to ``output-dir`` after every history row
-    (:mod:`fedbayes_flwr.checkpoint`); ``resume_dir`` continues the run stored there (its
-    server state, history, and each partition's client state, sent back to the nodes).
+    (:mod:`fedbayes_flwr.checkpoint`); the run-config key ``resume`` (a stored run's
+    directory) continues the run stored there (its server state, history, and each
+    partition's client state, sent back to the nodes), in that directory
+    (:func:`fedbayes_flwr.checkpoint.resumed`).
 
     ``engine`` is what ``result.json`` records; ``None`` (the default) reads it off the Grid
     (:func:`engine_of`).
@@ -63,13 +65,14 @@ def make_server_app(overrides: dict | None = None, engine: str | None = None,
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         config = parse_run_config({**dict(context.run_config), **overrides})
-        if not os.path.isabs(config.output_dir):  # under flwr run: the SuperLink's directory
-            log(WARNING, "output-dir %r is relative: results go to %s (the directory of the "
-                "process running this ServerApp); pass an absolute path", config.output_dir,
-                os.path.abspath(config.output_dir))
+        for key, path in (("resume", config.resume), ("output-dir", config.output_dir)):
+            if path and not os.path.isabs(path):  # under flwr run: the SuperLink's directory
+                log(WARNING, "%s %r is relative: it is %s (under the directory of the process "
+                    "running this ServerApp); pass an absolute path", key, path,
+                    os.path.abspath(path))
+        config, ckpt = resumed(config)
         exp = build_experiment(config)
         strategy = strategy_for(exp)
-        ckpt = load_checkpoint(resume_dir) if resume_dir else None
         if ckpt is not None:
             strategy.resume(ckpt)
         recorder = Recorder(exp, engine or engine_of(grid), progress=progress, resume=ckpt,

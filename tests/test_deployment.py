@@ -218,6 +218,38 @@ def test_deployment_engine_equals_in_process_and_leaves_no_process(tmp_path):
 
 @pytest.mark.deployment
 @pytest.mark.slow
+def test_deployment_resumes_a_stored_run_with_the_nodes_states(tmp_path):
+    """``--resume DIR --engine deployment``: new SuperNodes (empty states) get the sequential
+    PVI client-held factors back over TLS, and 3 + 1 updates equal 4 in-process updates
+    (update 4 revisits partition 1, which updates 1-3 had visited)."""
+    out = tmp_path / "run"
+    keys = ["--algorithm", "pvi", "--model", "linear-regression", "--dataset", "synthetic",
+            "--num-clients", "3", "--partition", "iid", "--seed", "0", "--run-config",
+            "pvi.schedule='sequential'"]
+
+    def cli(*argv):
+        proc = subprocess.run([sys.executable, str(REPO / "run_simulation.py"), "--engine",
+                               "deployment", "--quiet", *argv], cwd=tmp_path, timeout=600,
+                              capture_output=True, text=True, env={**os.environ,
+                                                                   "TF_CPP_MIN_LOG_LEVEL": "3"})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    cli(*keys, "--num-rounds", "3", "--output-dir", str(out))
+    cli("--resume", str(out), "--num-rounds", "4")
+    result = json.loads((out / "result.json").read_text())
+    assert result["engine"] == "deployment" and result["outcome"] == "completed"
+    assert [row["clients"] for row in result["history"]] == [[0], [2], [1], [1]]
+    assert result["run_config"]["resume"] == str(out)
+    local = tmp_path / "local"
+    run_in_process(parse_run_config({**LR, "pvi.schedule": "sequential", "num-rounds": 4,
+                                     "output-dir": str(local)}), progress=False)
+    with np.load(out / "posterior.npz") as a, np.load(local / "posterior.npz") as b:
+        for name in a.files:  # without its factor put back, partition 1 counts its data twice
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
 def test_unregistered_supernode_exits_with_flowers_activation_error(tmp_path):
     log_dir = tmp_path / "logs"
     log_dir.mkdir()

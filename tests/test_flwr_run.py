@@ -63,9 +63,14 @@ def _output_dir(command: str) -> str:
     return re.search(r"output-dir='\$PWD/([^']+)'", command).group(1)
 
 
-def test_readme_has_the_six_flwr_commands():
-    assert len(FLWR_COMMANDS) == 6, FLWR_COMMANDS
+def test_readme_has_the_seven_flwr_commands():
+    assert len(FLWR_COMMANDS) == 7, FLWR_COMMANDS
     assert all("$PWD/" in c and "--federation-config" in c for c in FLWR_COMMANDS)
+    # the resume command is the DSVGD command with resume= and a larger num-rounds
+    first, again = FLWR_COMMANDS[2], FLWR_COMMANDS[3]
+    dsvgd_dir = _output_dir(first)
+    assert again == first.replace("num-rounds=2", "num-rounds=3").replace(
+        f"output-dir='$PWD/{dsvgd_dir}'", f"output-dir='$PWD/{dsvgd_dir}' resume='$PWD/{dsvgd_dir}'")
 
 
 @pytest.mark.deployment  # starts Flower's detached local SuperLink; ~3 min: out of the default suite
@@ -133,11 +138,14 @@ def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path)
         np.testing.assert_allclose(post["mean"], mean, rtol=1e-6, atol=1e-12)
         np.testing.assert_allclose(post["cov"], cov, rtol=1e-6, atol=1e-12)
 
-    # The DSVGD command: the particles through flwr run equal the in-process particles.
+    # The DSVGD command, then its resume to 3 updates (the nodes' particles put back over
+    # Flower): the particles equal those of 3 uninterrupted in-process updates.
     out_dir = app / _output_dir(FLWR_COMMANDS[2])
     result = json.loads((out_dir / "result.json").read_text())
     assert result["algorithm"] == "dsvgd" and result["outcome"] == "completed"
-    keys = {"algorithm": "dsvgd", "num-clients": 2, "num-rounds": 2, "dataset": "twonorm",
+    assert [row["round"] for row in result["history"]] == [1, 2, 3]
+    assert result["run_config"]["resume"] == str(out_dir)
+    keys = {"algorithm": "dsvgd", "num-clients": 2, "num-rounds": 3, "dataset": "twonorm",
             "dsvgd.num-particles": 6, "dsvgd.local-iterations": 50,
             "dsvgd.distillation-iterations": 50, "output-dir": str(tmp_path / "dsvgd-local")}
     run_in_process(parse_run_config(keys), progress=False)
@@ -147,7 +155,7 @@ def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path)
         np.testing.assert_allclose(post["samples"], local["samples"], rtol=0, atol=1e-6)
 
     # The AMPS command: one round on ten nodes; the merged mixture equals the in-process merge.
-    out_dir = app / _output_dir(FLWR_COMMANDS[3])
+    out_dir = app / _output_dir(FLWR_COMMANDS[4])
     result = json.loads((out_dir / "result.json").read_text())
     assert result["algorithm"] == "amps" and result["outcome"] == "completed"
     assert result["history"][0]["clients"] == list(range(10))
@@ -161,7 +169,7 @@ def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path)
             np.testing.assert_allclose(post[key], local[key], rtol=1e-9, atol=1e-12)
 
     # The PDMC command: events through flwr run; the chains and skeleton equal in-process.
-    out_dir = app / _output_dir(FLWR_COMMANDS[4])
+    out_dir = app / _output_dir(FLWR_COMMANDS[5])
     result = json.loads((out_dir / "result.json").read_text())
     assert result["algorithm"] == "pdmc" and result["outcome"] == "done"
     keys = {"algorithm": "pdmc", "model": "gaussian-mean", "dataset": "synthetic",
@@ -175,7 +183,7 @@ def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path)
             np.testing.assert_allclose(post[key], local[key], rtol=0, atol=1e-9)
 
     # The decentralized HMC command: gossip over a path of 3; equal to in-process.
-    out_dir = app / _output_dir(FLWR_COMMANDS[5])
+    out_dir = app / _output_dir(FLWR_COMMANDS[6])
     result = json.loads((out_dir / "result.json").read_text())
     assert result["algorithm"] == "dhmc" and result["outcome"] == "completed"
     keys = {"algorithm": "dhmc", "model": "linear-regression", "dataset": "synthetic",

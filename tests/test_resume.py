@@ -177,6 +177,63 @@ def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path):
                        progress=False, resume=ckpt)
 
 
+# ---------------------------------------------------------------------------- the resume key
+def test_resume_key_continues_the_stored_run_in_its_directory(tmp_path):
+    """``resume=DIR`` in the run config (what ``flwr run`` and Python users have) is the same
+    resume as ``--resume``: the same keys with a larger ``num-rounds`` give the uninterrupted
+    run bit for bit, in DIR, whatever ``output-dir`` says (a warning names the unused one)."""
+    keys = CASES["u-dsvgd"]  # client states that grow
+    plain = parse_run_config({**BASE, **keys, "output-dir": str(tmp_path / "x")})
+    assert C.resumed(plain) == (plain, None)  # no resume key: nothing to load
+    full = _run(keys, tmp_path / "full", 6)
+    _run(keys, tmp_path / "half", 3)
+    config = parse_run_config({**BASE, **keys, "num-rounds": 6, "resume": str(tmp_path / "half"),
+                               "output-dir": str(tmp_path / "elsewhere")})
+    with pytest.warns(UserWarning, match="output-dir .*elsewhere.* is not used: the resumed "
+                                         "run goes on in .*half"):
+        resumed = run_in_process(config, progress=False)
+    assert not (tmp_path / "elsewhere").exists()
+    _assert_same_run(full, resumed, tmp_path / "full", tmp_path / "half")
+    assert resumed["run_config"]["resume"] == str(tmp_path / "half")
+    assert C.load(str(tmp_path / "half")).update == 6
+
+
+def test_resume_key_refuses_another_experiment_naming_each_key(tmp_path):
+    _run({"algorithm": "pvi"}, tmp_path / "pvi", 1)
+    other = {**BASE, "algorithm": "pvi", "seed": 2, "num-clients": 4, "num-rounds": 3,
+             "output-dir": str(tmp_path / "pvi"), "resume": str(tmp_path / "pvi")}
+    with pytest.raises(C.CheckpointError, match=r"only num-rounds may change\); differs in "
+                       r"num-clients: stored 3, given 4; seed: stored 1, given 2$"):
+        C.resumed(parse_run_config(other))
+    os.chdir(tmp_path)  # a relative DIR: the error says where it looked
+    with pytest.raises(C.CheckpointError, match=f"no checkpoint.npz in 'nowhere' "
+                       f"\\(= {tmp_path}/nowhere\\)"):
+        C.resumed(parse_run_config({**BASE, "resume": "nowhere"}))
+
+
+def test_server_app_resume_key_puts_the_nodes_states_back(tmp_path):
+    """The ServerApp reads ``resume`` from its run config (``flwr run``): it resumes the
+    in-process checkpoint over Flower, sending each node its client state first, bit for bit."""
+    from flower_utils import LoopbackGrid, task_identity
+    from flwr.app import Context, RecordDict
+
+    from strategies.server_app import make_server_app
+
+    keys = CASES["pvi-sequential"]  # client-held factors
+    full = _run(keys, tmp_path / "full", 6)
+    _run(keys, tmp_path / "half", 3)
+    run_config = {**BASE, **keys, "num-rounds": 6, "output-dir": str(tmp_path / "half"),
+                  "resume": str(tmp_path / "half")}  # what both apps read under flwr run
+    grid = LoopbackGrid(build_experiment(parse_run_config(run_config)))
+    app = make_server_app(run_config, engine="simulation", progress=False)
+    with task_identity():
+        app(grid, Context(1, 0, {}, RecordDict(), {}))
+    assert [pid for pid, action in grid.actions if action == C.STATE_PUT] == [0, 1, 2]
+    resumed = json.loads((tmp_path / "half" / "result.json").read_text())
+    assert resumed["engine"] == "simulation"
+    _assert_same_run(full, resumed, tmp_path / "full", tmp_path / "half")
+
+
 # ---------------------------------------------------------------------------- the CLI, killed
 CLI_KEYS = ["--algorithm", "pvi", "--model", "logistic-regression", "--dataset", "breast-cancer",
             "--num-clients", "4", "--partition", "iid", "--seed", "3",
