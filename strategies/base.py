@@ -5,13 +5,9 @@
 (:mod:`fedbayes_flwr.codec`), validating them with the library's own
 :func:`fedbayes_flwr.engine.judge` (the in-process engine runs the same check), logging and
 counting rejections, byte accounting, the failure policy, and recording at evaluation points.
-Its :meth:`BundleStrategy.start` drives
-
-* ``barrier`` bundles with one push and a 50 ms pull loop per exchange (so Ctrl-C is seen
-  within a poll, and deployment does not pay `send_and_receive`'s 3 s sleeps), and
-* ``apply-on-arrival`` bundles (asynchronous PVI, event-based samplers) with
-  ``grid.push_messages`` / ``grid.pull_messages``: each reply is applied the moment it is pulled
-  and the freed client gets its next request at once.
+Its :meth:`BundleStrategy.start` drives ``barrier`` and ``apply-on-arrival`` bundles through
+:mod:`strategies.drivers`; checkpoints, resume and nodes that lost their client state are
+:mod:`strategies.checkpointing`.
 
 Each request travels as ``<category>.<bundle>`` (``train.pvi``) with the action, the update
 number and the attempt in its ConfigRecord (the client derives its seed from them), so one
@@ -39,7 +35,6 @@ from fedbayes_flwr.engine import (
     RoundLog,
     RunStopped,
     Tally,
-    check_stop,
     eval_point,
     judge,
     not_sent,
@@ -49,11 +44,10 @@ from fedbayes_flwr.engine import (
 )
 from fedbayes_flwr.experiment import EXPECT, MISMATCH, fingerprint, payload_nbytes
 
+from . import checkpointing as ckpt_flower
 from .checkpointing import reported_version
+from .drivers import run_barrier, run_on_arrival, send_and_receive
 from .nodes import partition_nodes
-
-POLL_S = 0.002
-BARRIER_POLL_S = 0.05  # pull interval of a barrier exchange (Flower's own sleeps 3 s deployed)
 
 
 def message_type(category: str, bundle_name: str) -> str:
@@ -182,7 +176,7 @@ class BundleStrategy(Strategy):
                 raise RunStopped(f"partition {pid}: {reply.error.reason.strip().splitlines()[-1]}")
             out = Rejection(pid, "reply", f"client error: {reply.error.reason}")
             if STATE_LOST in reply.error.reason:  # put back now, or left out of the run
-                self._heal(pid)
+                ckpt_flower.heal(self, pid)
         else:
             self._tally.up += codec.received_nbytes(reply.content)
             self.versions[pid] = max(self.versions[pid], reported_version(reply.content))
@@ -262,7 +256,7 @@ class BundleStrategy(Strategy):
                 self._tally.retried += len(failed)
                 messages = [self._encode(grid, pid, self._pending[pid], self._rnd.number,
                                          attempt) for pid in failed]
-                got = self._by_partition(self._send_and_receive(grid, messages, timeout))
+                got = self._by_partition(send_and_receive(self, grid, messages, timeout))
                 for pid in failed:
                     decoded[pid] = self._decode(pid, self._pending[pid].action, got.get(pid))
         if policy in ("stop", "retry-stop"):
@@ -294,13 +288,13 @@ class BundleStrategy(Strategy):
         self._grid = grid
         self._node_map(grid)  # before any request: failed partitions are out from the start
         if self._to_restore:  # resume: every partition gets its stored client state first
-            self._restore_clients(grid)
+            ckpt_flower.restore_clients(self, grid)
         if self._update >= num_rounds:  # resumed at (or past) the requested number of updates
             self.outcome = "completed"
         elif self.bundle.mode(self.setup.config) == "apply-on-arrival":
-            self._run_on_arrival(grid, timeout, evaluate_fn, result)
+            run_on_arrival(self, grid, timeout, evaluate_fn, result)
         else:
-            self._run_barrier(grid, timeout, evaluate_fn, result)
+            run_barrier(self, grid, timeout, evaluate_fn, result)
         log(INFO, "%s: %d updates in %.2fs (%s)", self.bundle.name, self._update,
             time.monotonic() - self._t0, self.outcome)
         return result
@@ -321,187 +315,14 @@ class BundleStrategy(Strategy):
         result.arrays = arrays
         if evaluate_fn is not None:
             evaluate_fn(self._update, arrays)
-        self._checkpoint(virtual_time)
+        ckpt_flower.after_record(self, virtual_time)
         return self.outcome is not None
 
-    def _send_and_receive(self, grid: Grid, messages: list, timeout: float) -> list:
-        """Push, then pull every ``BARRIER_POLL_S`` until every reply is in or ``timeout``;
-        a stop request (Ctrl-C) interrupts the wait."""
-        if not messages:  # every partition asked is dead
-            return []
-        ids = list(grid.push_messages(messages))
-        self._sent = {mid: self.partition_of[m.metadata.dst_node_id]
-                      for mid, m in zip(ids, messages, strict=True)}
-        waiting = set(ids)
-        replies, deadline = [], time.monotonic() + timeout
-        while waiting and time.monotonic() < deadline:
-            check_stop()
-            got = list(grid.pull_messages(list(waiting)))
-            replies += got
-            waiting -= {m.metadata.reply_to_message_id for m in got}
-            if waiting:
-                time.sleep(BARRIER_POLL_S)
-        return replies
-
-    def _run_barrier(self, grid: Grid, timeout: float, evaluate_fn, result: Result) -> None:
-        while True:
-            check_stop()
-            messages = self.configure_train(self._update, ArrayRecord(), ConfigRecord(), grid)
-            got = self._by_partition(self._send_and_receive(grid, messages, timeout))
-            decoded = {pid: self._decode(pid, req.action, got.get(pid))
-                       for pid, req in self._pending.items()}
-            self._apply(self._retry_or_stop(grid, decoded, timeout))
-            if self._settled and self._record(evaluate_fn, result):
-                return
-
-    def _run_on_arrival(self, grid: Grid, timeout: float, evaluate_fn, result: Result) -> None:
-        in_flight: dict[str, tuple[int, object]] = {}  # message id -> (partition, request)
-        arrived: list[Message] = []  # pulled, not yet applied
-        idle = set(range(self.num_clients)) - self.dead
-        self._idle = idle  # the same set: what an asynchronous checkpoint may ask now
-        sent_at: dict[str, float] = {}  # message id -> when it was pushed
-        while True:
-            self._rnd = self._next_round(frozenset(idle))
-            requests = self.bundle.requests(self.state, self.setup, self._rnd)
-            for pid, req in sorted(requests.items()):
-                (mid,) = grid.push_messages([self._encode(grid, pid, req, self._rnd.number, 0)])
-                in_flight[mid], sent_at[mid] = (pid, req), time.monotonic()
-                self._sent[mid] = pid
-                idle.discard(pid)
-            if not in_flight:
-                if self.dead:
-                    raise RunStopped(f"update {self._rnd.number}: no partition left to ask "
-                                     f"(partitions {sorted(self.dead)} timed out)")
-                raise RuntimeError(f"bundle {self.bundle.name!r} sent no request with every "
-                                   f"client idle")
-            late = None
-            while not arrived and late is None:  # pulled replies leave the Grid: keep them
-                arrived += list(grid.pull_messages(list(in_flight)))
-                if not arrived:
-                    check_stop()
-                    oldest = min(in_flight, key=sent_at.__getitem__)
-                    if time.monotonic() - sent_at[oldest] > timeout:
-                        late = oldest  # its reply never came: a timeout, the partition dies
-                    else:
-                        time.sleep(POLL_S)
-            if arrived:
-                # apply ONE reply (the lowest partition among those pulled); the rest wait
-                arrived.sort(key=lambda r: in_flight[r.metadata.reply_to_message_id][0])
-                reply = arrived.pop(0)
-                mid = reply.metadata.reply_to_message_id
-            else:
-                reply, mid = None, late
-            pid, req = in_flight.pop(mid)
-            sent_at.pop(mid)
-            self._sent.pop(mid, None)
-            decoded = self._decode(pid, req.action, reply)
-            if pid not in self.dead:  # a timed-out partition never becomes idle again
-                idle.add(pid)
-            self._apply({pid: decoded})
-            self._snapshot_idle()
-            if self._record(evaluate_fn, result, round(time.monotonic() - self._t0, 4)):
-                return
-
-    # ------------------------------------------------------------------ checkpoint and resume
     def resume(self, ckpt) -> None:
         """Continue the run stored in ``ckpt`` (a :class:`fedbayes_flwr.checkpoint.Checkpoint`):
         its server state and update number now; its client states are sent to the partitions
-        when :meth:`start` begins (:mod:`strategies.checkpointing`)."""
-        from fedbayes_flwr.checkpoint import CheckpointError, check_fits
-
-        from .checkpointing import stateful
-
-        check_fits(ckpt, self.bundle.name, self.state)
-        if len(ckpt.client_states) != self.num_clients:
-            raise CheckpointError(f"resume: the checkpoint holds {len(ckpt.client_states)} "
-                                  f"client states, the run has {self.num_clients} partitions")
-        self.state = ckpt.server_state
-        self._update = self._recorded = int(ckpt.update)
-        self._settled = True
-        # an in-process checkpoint has no versions: its clients start again from version 0
-        versions = tuple(ckpt.client_versions) or (0,) * self.num_clients
-        self.versions = list(versions)
-        self._stored = (tuple(ckpt.client_states), versions)
-        self._to_restore = stateful(self)
-        for pid in ckpt.counters.get("dead", ()):  # left out of the stored run: still out
-            self._leave_out(int(pid), "left out of the stored run (resumed without it)")
-
-    def _checkpoint(self, virtual_time: float | None) -> None:
-        """After a record: collect the client states and call :attr:`on_checkpoint`."""
-        if self.on_checkpoint is None or self._grid is None:
-            return
-        from .checkpointing import collect, stateful
-
-        if self.bundle.mode(self.setup.config) == "apply-on-arrival" and stateful(self):
-            if self._due is None:  # complete when every busy node has answered (below)
-                self._due = {"update": self._update, "state": self.state, "got": {},
-                             "virtual_time": virtual_time, "dead": sorted(self.dead)}
-            self._snapshot_idle()
-            return
-        got = collect(self, self._grid)
-        if got is not None:
-            self._stored = got
-            self.on_checkpoint(self._update, self.state, got[0], got[1], virtual_time,
-                               sorted(self.dead))
-
-    def _snapshot_idle(self) -> None:
-        """Asynchronous runs: a checkpoint of update ``U`` needs each node's state as of ``U``.
-        A node idle at ``U`` is asked at once; a node busy at ``U`` is asked as soon as its
-        in-flight reply has been applied, before its next request: its committed factor is
-        then still the one the server had at ``U`` (the acknowledgement it last received),
-        and the factor its reply proposed is dropped on resume (commit on acknowledgement).
-        The checkpoint is written once every node has answered; a node that cannot answer
-        abandons it (the previous checkpoint stays)."""
-        due = self._due
-        if due is None or self._grid is None:
-            return
-        from .checkpointing import assemble, fetch
-
-        ask = sorted(p for p in self._idle if p not in due["got"] and p not in self.dead)
-        got = fetch(self, self._grid, ask) if ask else {}
-        if got is None:
-            self._due = None
-            return
-        due["got"].update(got)
-        if set(due["got"]) | self.dead >= set(range(self.num_clients)):
-            self._due = None
-            states, versions = assemble(self, due["got"])
-            self._stored = (states, versions)
-            self.on_checkpoint(due["update"], due["state"], states, versions,
-                               due["virtual_time"], due["dead"])
-
-    def _restore_clients(self, grid: Grid) -> None:
-        from .checkpointing import put
-
-        states, versions = self._stored
-        pids = [p for p in range(self.num_clients) if p not in self.dead]
-        done = put(self, grid, pids, states, versions)
-        self._to_restore = False
-        if len(done) < len(pids):
-            raise RunStopped(f"resume: partitions {sorted(set(pids) - set(done))} did not take "
-                             f"back their client state")
-
-    def _heal(self, pid: int) -> None:
-        """Partition ``pid``'s node lost its client state (it refused with ``STATE_LOST``): put
-        back the last checkpointed state when it is the version the node should hold (it
-        restarted between a checkpoint and its next request); else leave the partition out of
-        the run (answering from a fresh state would count its data twice)."""
-        from .checkpointing import put
-
-        stored = self._stored
-        if (self._grid is not None and stored is not None and stored[1]
-                and stored[1][pid] == self.versions[pid]
-                and put(self, self._grid, [pid], stored[0], stored[1])):
-            log(WARNING, "%s: partition %s lost its client state: put back the checkpointed "
-                "one (version %d)", self.bundle.name, pid, self.versions[pid])
-            return
-        self._leave_out(pid, f"{STATE_LOST} and the last checkpoint holds another version")
-
-    def _leave_out(self, pid: int, reason: str) -> None:
-        log(WARNING, "%s: partition %s: %s; it gets no further requests", self.bundle.name, pid,
-            reason)
-        self.dead.add(pid)
-        self.failed[pid] = Rejection(pid, "reply", f"{reason}; not sent")
+        when :meth:`start` begins (:func:`strategies.checkpointing.resume`)."""
+        ckpt_flower.resume(self, ckpt)
 
     def summary(self) -> None:
         """One line: the bundle, partitions, seed and the section keys that differ from their

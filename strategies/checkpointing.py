@@ -9,7 +9,7 @@ particles, decentralized HMC's agents):
   (:mod:`fedbayes_flwr.checkpoint`); a checkpoint is written whole or not at all: if a
   partition does not answer, the previous checkpoint stays. Asynchronous runs ask a node that
   is busy at the checkpointed update once its in-flight reply has been applied
-  (:meth:`strategies.base.BundleStrategy._snapshot_idle`), never while it computes;
+  (:func:`snapshot_idle`), never while it computes;
 * on resume it sends each partition its stored state and version (``client-state.put``) before
   the first exchange;
 * every request carries the version the server last saw from the partition (the number of
@@ -32,8 +32,18 @@ from flwr.app import Message
 from flwr.common import log
 
 from fedbayes_flwr import codec
-from fedbayes_flwr.checkpoint import STATE_GET, STATE_PUT, VERSION_KEY, StateAck, is_stateful
-from fedbayes_flwr.engine import check_stop
+from fedbayes_flwr.algorithms.base import Rejection
+from fedbayes_flwr.checkpoint import (
+    STATE_GET,
+    STATE_LOST,
+    STATE_PUT,
+    VERSION_KEY,
+    CheckpointError,
+    StateAck,
+    check_fits,
+    is_stateful,
+)
+from fedbayes_flwr.engine import RunStopped, check_stop
 from fedbayes_flwr.experiment import EXPECT
 
 POLL_S = 0.01
@@ -95,7 +105,7 @@ def _exchange(strategy, grid, messages: dict) -> dict:
 def fetch(strategy, grid, pids) -> dict | None:
     """``{pid: (client state, version)}`` of the live partitions among ``pids``, asked now; None
     if one did not answer. A node behind the version the server saw lost its state: it is left
-    out of the run (:meth:`BundleStrategy._heal`) and absent from the result."""
+    out of the run (:func:`heal`) and absent from the result."""
     live = [p for p in pids if p not in strategy.dead]
     messages = {p: _message(strategy, grid, p, STATE_GET, StateAck(strategy.versions[p]),
                             strategy.versions[p]) for p in live}
@@ -107,7 +117,7 @@ def fetch(strategy, grid, pids) -> dict | None:
         reply = replies.get(p)
         version = None if reply is None else reported_version(reply.content)
         if version is not None and version < strategy.versions[p]:  # the node lost it
-            strategy._heal(p)  # cannot be put back now (it moved on since): left out
+            heal(strategy, p)  # cannot be put back now (it moved on since): left out
             if p in strategy.dead:
                 continue  # its last checkpointed state stands for it (assemble)
             version = None
@@ -163,3 +173,103 @@ def put(strategy, grid, pids, states, versions) -> list[int]:
     for p in done:
         strategy.versions[p] = int(versions[p])
     return done
+
+
+# ------------------------------------------------------------------ the strategy's side
+def resume(strategy, ckpt) -> None:
+    """Continue the run stored in ``ckpt`` (a :class:`fedbayes_flwr.checkpoint.Checkpoint`):
+    its server state and update number now; its client states are sent to the partitions
+    when the strategy starts (:func:`restore_clients`)."""
+    check_fits(ckpt, strategy.bundle.name, strategy.state)
+    if len(ckpt.client_states) != strategy.num_clients:
+        raise CheckpointError(f"resume: the checkpoint holds {len(ckpt.client_states)} "
+                              f"client states, the run has {strategy.num_clients} partitions")
+    strategy.state = ckpt.server_state
+    strategy._update = strategy._recorded = int(ckpt.update)
+    strategy._settled = True
+    # an in-process checkpoint has no versions: its clients start again from version 0
+    versions = tuple(ckpt.client_versions) or (0,) * strategy.num_clients
+    strategy.versions = list(versions)
+    strategy._stored = (tuple(ckpt.client_states), versions)
+    strategy._to_restore = stateful(strategy)
+    for pid in ckpt.counters.get("dead", ()):  # left out of the stored run: still out
+        leave_out(strategy, int(pid), "left out of the stored run (resumed without it)")
+
+
+def after_record(strategy, virtual_time: float | None) -> None:
+    """After a record: collect the client states and call ``strategy.on_checkpoint``."""
+    if strategy.on_checkpoint is None or strategy._grid is None:
+        return
+    if strategy.bundle.mode(strategy.setup.config) == "apply-on-arrival" and stateful(strategy):
+        if strategy._due is None:  # complete when every busy node has answered (below)
+            strategy._due = {"update": strategy._update, "state": strategy.state, "got": {},
+                             "virtual_time": virtual_time, "dead": sorted(strategy.dead)}
+        snapshot_idle(strategy)
+        return
+    got = collect(strategy, strategy._grid)
+    if got is not None:
+        strategy._stored = got
+        strategy.on_checkpoint(strategy._update, strategy.state, got[0], got[1], virtual_time,
+                               sorted(strategy.dead))
+
+
+def snapshot_idle(strategy) -> None:
+    """Asynchronous runs: a checkpoint of update ``U`` needs each node's state as of ``U``.
+
+    A node idle at ``U`` is asked at once; a node busy at ``U`` is asked as soon as its
+    in-flight reply has been applied, before its next request: its committed factor is then
+    still the one the server had at ``U`` (the acknowledgement it last received), and the
+    factor its reply proposed is dropped on resume (commit on acknowledgement). The checkpoint
+    is written once every node has answered; a node that cannot answer abandons it (the
+    previous checkpoint stays).
+    """
+    due = strategy._due
+    if due is None or strategy._grid is None:
+        return
+    ask = sorted(p for p in strategy._idle if p not in due["got"] and p not in strategy.dead)
+    got = fetch(strategy, strategy._grid, ask) if ask else {}
+    if got is None:
+        strategy._due = None
+        return
+    due["got"].update(got)
+    if set(due["got"]) | strategy.dead >= set(range(strategy.num_clients)):
+        strategy._due = None
+        states, versions = assemble(strategy, due["got"])
+        strategy._stored = (states, versions)
+        strategy.on_checkpoint(due["update"], due["state"], states, versions,
+                               due["virtual_time"], due["dead"])
+
+
+def restore_clients(strategy, grid) -> None:
+    """Resume: send every live partition its stored client state before the first exchange;
+    raise :class:`fedbayes_flwr.engine.RunStopped` naming those that did not take it."""
+    states, versions = strategy._stored
+    pids = [p for p in range(strategy.num_clients) if p not in strategy.dead]
+    done = put(strategy, grid, pids, states, versions)
+    strategy._to_restore = False
+    if len(done) < len(pids):
+        raise RunStopped(f"resume: partitions {sorted(set(pids) - set(done))} did not take "
+                         f"back their client state")
+
+
+def heal(strategy, pid: int) -> None:
+    """Partition ``pid``'s node lost its client state (it refused with ``STATE_LOST``): put
+    back the last checkpointed state when it is the version the node should hold (it
+    restarted between a checkpoint and its next request); else leave the partition out of
+    the run (answering from a fresh state would count its data twice)."""
+    stored = strategy._stored
+    if (strategy._grid is not None and stored is not None and stored[1]
+            and stored[1][pid] == strategy.versions[pid]
+            and put(strategy, strategy._grid, [pid], stored[0], stored[1])):
+        log(WARNING, "%s: partition %s lost its client state: put back the checkpointed "
+            "one (version %d)", strategy.bundle.name, pid, strategy.versions[pid])
+        return
+    leave_out(strategy, pid, f"{STATE_LOST} and the last checkpoint holds another version")
+
+
+def leave_out(strategy, pid: int, reason: str) -> None:
+    """Partition ``pid`` gets no further requests this run; its rejections carry ``reason``."""
+    log(WARNING, "%s: partition %s: %s; it gets no further requests", strategy.bundle.name, pid,
+        reason)
+    strategy.dead.add(pid)
+    strategy.failed[pid] = Rejection(pid, "reply", f"{reason}; not sent")
