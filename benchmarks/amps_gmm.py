@@ -286,21 +286,7 @@ def plot_seeds(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
     for ax, key, label in ((axes[0], "heldout_loglik", "held-out log-lik / point"),
                            (axes[1], "max_error", "largest mean error (best relabelling)")):
-        loc = [r["local"][key] for r in rows]
-        mid = np.array([v["mean"] for v in loc])
-        ax.errorbar(seeds, mid, yerr=[mid - [v["min"] for v in loc],
-                                      [v["max"] for v in loc] - mid],
-                    fmt="^", color="tab:gray", alpha=0.6, capsize=2,
-                    label="single agents (mean, min-max)")
-        for m in METHODS:
-            marker, color = STYLE[m]
-            ax.plot(seeds, [r[m][key] for r in rows], marker, color=color, ls="none",
-                    mfc="none" if m == "batch" else color, ms=8 if m == "batch" else 6,
-                    label=LABELS[m])
-        ax.set_xlabel("seed")
-        ax.set_xticks(seeds)
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
+        common.plot_methods_by_seed(ax, rows, key, label, METHODS, STYLE, LABELS)
     axes[0].plot(seeds, [r["true_heldout_loglik"] for r in rows], "_", color="green", ms=12,
                  label="true mixture")
     targets = [axes[1].axhline(AMPS_MEDIAN_ERROR_MAX, color="tab:blue", ls="--", lw=1,

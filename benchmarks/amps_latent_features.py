@@ -272,23 +272,10 @@ def plot_seeds(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    seeds = [r["seed"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, key, label in ((axes[0], "feature_error", "mean feature 2-norm error"),
                            (axes[1], "heldout_loglik", "held-out log-lik / row")):
-        loc = [r["local"][key] for r in rows]
-        mid = np.array([v["mean"] for v in loc])
-        ax.errorbar(seeds, mid, yerr=[mid - [v["min"] for v in loc],
-                                      [v["max"] for v in loc] - mid],
-                    fmt="^", color="tab:gray", alpha=0.6, capsize=2,
-                    label="single agents (mean, min-max)")
-        for m in METHODS:
-            marker, color = STYLE[m]
-            ax.plot(seeds, [r[m][key] for r in rows], marker, color=color, ls="none",
-                    mfc="none" if m == "batch" else color, label=LABELS[m])
-        ax.set_xlabel("seed")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
+        common.plot_methods_by_seed(ax, rows, key, label, METHODS, STYLE, LABELS)
     truth = [(r["seed"], r["true_heldout_loglik"]) for r in rows
              if r["true_heldout_loglik"] is not None]
     if truth:

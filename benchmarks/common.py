@@ -267,6 +267,57 @@ def plot_nll(curves: dict, results_dir: str, stem: str, title: str, hline: tuple
                     title=title + (" (zoom)" if suffix else ""), hline=hline)
 
 
+def plot_methods_by_seed(ax, rows: list[dict], key: str, ylabel: str, methods, style: dict,
+                         labels: dict) -> None:
+    """One-shot merges per seed: the single agents' mean (min-max bars) and one marker per
+    method (``style[m] = (marker, colour)``; ``batch`` hollow and larger) of ``row[m][key]``."""
+    seeds = [r["seed"] for r in rows]
+    loc = [r["local"][key] for r in rows]
+    mid = np.array([v["mean"] for v in loc])
+    ax.errorbar(seeds, mid, yerr=[mid - [v["min"] for v in loc], [v["max"] for v in loc] - mid],
+                fmt="^", color="tab:gray", alpha=0.6, capsize=2,
+                label="single agents (mean, min-max)")
+    for m in methods:
+        marker, color = style[m]
+        ax.plot(seeds, [r[m][key] for r in rows], marker, color=color, ls="none",
+                mfc="none" if m == "batch" else color, ms=8 if m == "batch" else 6,
+                label=labels[m])
+    ax.set_xlabel("seed")
+    ax.set_xticks(seeds)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+
+
+ESS_PER_WORK = (("ess_per_event", "ESS / event", "tab:blue"),
+                ("ess_per_full_grad", "ESS / full-data gradient", "tab:green"),
+                ("ess_per_busiest_worker_grad", "ESS / gradient of the busiest worker",
+                 "tab:orange"))
+
+
+def plot_ess_per_work(ax, per: dict, ms, title: str, spread_bars: bool = False) -> None:
+    """Federated samplers against the number of workers M: ESS per event, per full-data
+    gradient and per gradient of the busiest worker (``per[str(M)][key]`` holds ``mean`` and
+    ``std``; ``spread_bars`` draws +- sd), log-log."""
+    from matplotlib.ticker import NullFormatter
+
+    for key, label, color in ESS_PER_WORK:
+        mean = np.array([per[str(m)][key]["mean"] for m in ms])
+        if spread_bars:
+            sd = np.array([per[str(m)][key]["std"] for m in ms])
+            ax.errorbar(ms, mean, yerr=sd, fmt="o-", color=color, capsize=3, label=label)
+        else:
+            ax.plot(ms, mean, "o-", color=color, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(ms, [str(m) for m in ms])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("workers M")
+    ax.set_ylabel("ESS (mean over coordinates) per unit of work")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+
+
 # ---------------------------------------------------------------------------- Flower runs
 def per_exchange(history: list[dict], skip: int = 1) -> tuple[float, int]:
     """Seconds per exchange over the recorded rows after the first ``skip`` (warm-up)."""

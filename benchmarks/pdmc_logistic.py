@@ -215,7 +215,6 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
 
     per = summary["per_workers"]
     ms = [int(m) for m in per]
@@ -250,23 +249,8 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
     ax.set_title("W1 over its calibrated bound", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    ax = axes[2]
-    for key, label, color in (("ess_per_event", "ESS / event", "tab:blue"),
-                              ("ess_per_full_grad", "ESS / full-data gradient", "tab:green"),
-                              ("ess_per_busiest_worker_grad",
-                               "ESS / gradient of the busiest worker", "tab:orange")):
-        mean = np.array([per[str(m)][key]["mean"] for m in ms])
-        sd = np.array([per[str(m)][key]["std"] for m in ms])
-        ax.errorbar(ms, mean, yerr=sd, fmt="o-", color=color, capsize=3, label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(ms, [str(m) for m in ms])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("workers M")
-    ax.set_ylabel("ESS (mean over coordinates) per unit of work")
-    ax.set_title("efficiency (mean +- sd over runs; Remark 4.1)", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
+    common.plot_ess_per_work(axes[2], per, ms, "efficiency (mean +- sd over runs; Remark 4.1)",
+                             spread_bars=True)
     fig.suptitle(f"Fed Zig-Zag, logistic regression N={N_TRAIN}, d={D}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -275,10 +259,7 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
 
 def replot(args) -> None:
     """The plot and the table again from ``<results-dir>/<name>.json``."""
-    import json
-
-    with open(os.path.join(args.results_dir, f"{NAME}.json")) as f:
-        doc = json.load(f)
+    doc = common.read_results(args, NAME)
     plot(doc["runs"], doc["summary"], os.path.join(args.results_dir, f"{NAME}.png"))
     print(table(doc["summary"]))
 

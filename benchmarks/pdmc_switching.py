@@ -274,21 +274,7 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
     ax.set_title(f"Fed Zig-Zag, Gaussian d={D}, N={N}: mean switching rate")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    ax = axes[1]
-    for key, label, color in (("ess_per_event", "ESS / event", "tab:blue"),
-                              ("ess_per_full_grad", "ESS / full-data gradient", "tab:green"),
-                              ("ess_per_busiest_worker_grad",
-                               "ESS / gradient of the busiest worker", "tab:orange")):
-        ax.plot(ms, [per[str(m)][key]["mean"] for m in ms], "o-", color=color, label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(ms, [str(m) for m in ms])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("workers M")
-    ax.set_ylabel("ESS (mean over coordinates) per unit of work")
-    ax.set_title("efficiency (Remark 4.1)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    common.plot_ess_per_work(axes[1], per, ms, "efficiency (Remark 4.1)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -296,10 +282,7 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
 
 def replot(args) -> None:
     """The plot and the table again from ``<results-dir>/<name>.json``."""
-    import json
-
-    with open(os.path.join(args.results_dir, f"{NAME}.json")) as f:
-        doc = json.load(f)
+    doc = common.read_results(args, NAME)
     plot(doc["runs"], doc["summary"], os.path.join(args.results_dir, f"{NAME}.png"))
     print(table(doc["summary"]))
 
