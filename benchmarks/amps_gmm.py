@@ -272,10 +272,6 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-STYLE = {"bipartite": ("o", "tab:blue"), "swap": ("x", "tab:cyan"), "naive": ("s", "tab:red"),
-         "batch": ("D", "black")}
-
-
 def plot_seeds(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -286,7 +282,7 @@ def plot_seeds(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
     for ax, key, label in ((axes[0], "heldout_loglik", "held-out log-lik / point"),
                            (axes[1], "max_error", "largest mean error (best relabelling)")):
-        common.plot_methods_by_seed(ax, rows, key, label, METHODS, STYLE, LABELS)
+        common.plot_methods_by_seed(ax, rows, key, label, METHODS, LABELS)
     axes[0].plot(seeds, [r["true_heldout_loglik"] for r in rows], "_", color="green", ms=12,
                  label="true mixture")
     targets = [axes[1].axhline(AMPS_MEDIAN_ERROR_MAX, color="tab:blue", ls="--", lw=1,

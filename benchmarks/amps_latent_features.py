@@ -262,10 +262,6 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-STYLE = {"bipartite": ("o", "tab:blue"), "swap": ("x", "tab:cyan"), "naive": ("s", "tab:red"),
-         "batch": ("D", "black")}
-
-
 def plot_seeds(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -275,7 +271,7 @@ def plot_seeds(rows: list[dict], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, key, label in ((axes[0], "feature_error", "mean feature 2-norm error"),
                            (axes[1], "heldout_loglik", "held-out log-lik / row")):
-        common.plot_methods_by_seed(ax, rows, key, label, METHODS, STYLE, LABELS)
+        common.plot_methods_by_seed(ax, rows, key, label, METHODS, LABELS)
     truth = [(r["seed"], r["true_heldout_loglik"]) for r in rows
              if r["true_heldout_loglik"] is not None]
     if truth:

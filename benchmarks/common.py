@@ -93,6 +93,14 @@ def read_results(args, name: str) -> dict:
         return json.load(f)
 
 
+def replot(args, name: str, plot, table) -> None:
+    """``--replot``: ``plot(runs, summary, <results-dir>/<name>.png)`` and print
+    ``table(summary)`` from the stored ``<results-dir>/<name>.json``; nothing runs."""
+    doc = read_results(args, name)
+    plot(doc["runs"], doc["summary"], os.path.join(args.results_dir, f"{name}.png"))
+    print(table(doc["summary"]))
+
+
 def prepare_dirs(args, name: str) -> str:
     """Create the results and work directories; the path of the benchmark's JSON."""
     os.makedirs(args.results_dir, exist_ok=True)
@@ -267,8 +275,13 @@ def plot_nll(curves: dict, results_dir: str, stem: str, title: str, hline: tuple
                     title=title + (" (zoom)" if suffix else ""), hline=hline)
 
 
-def plot_methods_by_seed(ax, rows: list[dict], key: str, ylabel: str, methods, style: dict,
-                         labels: dict) -> None:
+# marker and colour of each merge in the AMPS benchmarks' per-seed figures
+MERGE_STYLE = {"bipartite": ("o", "tab:blue"), "swap": ("x", "tab:cyan"),
+               "naive": ("s", "tab:red"), "batch": ("D", "black")}
+
+
+def plot_methods_by_seed(ax, rows: list[dict], key: str, ylabel: str, methods, labels: dict,
+                         style: dict = MERGE_STYLE) -> None:
     """One-shot merges per seed: the single agents' mean (min-max bars) and one marker per
     method (``style[m] = (marker, colour)``; ``batch`` hollow and larger) of ``row[m][key]``."""
     seeds = [r["seed"] for r in rows]

@@ -257,13 +257,6 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
     plt.close(fig)
 
 
-def replot(args) -> None:
-    """The plot and the table again from ``<results-dir>/<name>.json``."""
-    doc = common.read_results(args, NAME)
-    plot(doc["runs"], doc["summary"], os.path.join(args.results_dir, f"{NAME}.png"))
-    print(table(doc["summary"]))
-
-
 def main():
     parser = common.argument_parser(__doc__, "4 runs, T = 20, M in 1 4, smaller reference",
                                     "unused (no rounds)")
@@ -284,7 +277,7 @@ def main():
                         help="redraw the plot and the table from the existing JSON; run nothing")
     args = common.resolve_common_args(parser.parse_args(), NAME)
     if args.replot:
-        return replot(args)
+        return common.replot(args, NAME, plot, table)
     q = args.quick
     args.runs = args.runs or (4 if q else 20)
     args.process_time = args.process_time or (20.0 if q else 100.0)

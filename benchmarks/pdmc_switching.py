@@ -280,13 +280,6 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
     plt.close(fig)
 
 
-def replot(args) -> None:
-    """The plot and the table again from ``<results-dir>/<name>.json``."""
-    doc = common.read_results(args, NAME)
-    plot(doc["runs"], doc["summary"], os.path.join(args.results_dir, f"{NAME}.png"))
-    print(table(doc["summary"]))
-
-
 def main():
     parser = common.argument_parser(__doc__, "3 runs, T = 2", "unused (no rounds)")
     parser.add_argument("--runs", type=int, default=None, help="runs per M (default 20)")
@@ -300,7 +293,7 @@ def main():
                         help="redraw the plot and the table from the existing JSON; run nothing")
     args = common.resolve_common_args(parser.parse_args(), NAME)
     if args.replot:
-        return replot(args)
+        return common.replot(args, NAME, plot, table)
     if args.runs is None:
         args.runs = 3 if args.quick else 20
     if args.process_time is None:
