@@ -88,6 +88,12 @@ BNN_METHODS = {
     "auto, step memory, nonmonotone 5": {**OLD, "pvi.step-memory": True, "pvi.nonmonotone": 5},
     "auto, nonmonotone 10": {"pvi.nonmonotone": 10},
     "auto + anderson": {"pvi.acceleration": "anderson"},
+    # fairness ablations (not fixed dampings of the verdict, hence not named "damping ..."):
+    # damping 0.2 with the guard (server-held factors, strict backtracking), without and with
+    # proximal local solves, to tell what auto's step rule and what its proximal solves bring
+    "fixed 0.2 + guard": {"pvi.damping": 0.2, "pvi.guard": True, "pvi.proximal": 0.0},
+    "fixed 0.2 + guard + proximal 1": {"pvi.damping": 0.2, "pvi.guard": True,
+                                       "pvi.proximal": 1.0},
 }
 # what a plain run makes (about 5 min each on 2 cores, for every seed); the rest with
 # --bnn-methods
