@@ -83,7 +83,7 @@ def run(name: str, overrides: dict, rounds: int, particles: int, seed: int,
     grid = M.mixture_1d_grid()
     rows, densities = [], {}
 
-    def record_factors(update, state, client_states, virtual_time):
+    def record_factors(update, state, client_states, virtual_time, dead):
         factors = [c.pending for c in client_states]  # the latest factor, pending or not
         if any(f.denominators.shape[0] or f.numerators.shape[0] != 1 for f in factors):
             raise ValueError(f"{name}: factor_kl needs distilled factors (one particle set)")

@@ -189,9 +189,10 @@ def iterate_in_process(exp: Experiment, num_rounds: int | None = None, *, resume
 
     ``num_rounds`` overrides ``num-rounds`` (the number of server updates). ``resume`` (a
     :class:`fedbayes_flwr.checkpoint.Checkpoint`) continues a stored run from its update, server
-    and client states. ``on_record(update, server_state, client_states, virtual_time)`` is
-    called once the caller has handled each yielded row (the checkpoint hook), before the
-    engine goes on or returns.
+    and client states, with the partitions it had left out (timed out) still out.
+    ``on_record(update, server_state, client_states, virtual_time, dead)`` is called once the
+    caller has handled each yielded row (the checkpoint hook; ``dead``: the partitions left
+    out, sorted), before the engine goes on or returns.
     """
     num_updates = num_rounds or exp.config.num_rounds
     if exp.bundle.mode(exp.setup.config) == "apply-on-arrival":
@@ -211,13 +212,14 @@ def _start(exp: Experiment, resume):
         raise CheckpointError(f"resume: the checkpoint holds {len(resume.client_states)} client "
                               f"states, the run has {exp.num_clients} partitions")
     side.clients = dict(enumerate(resume.client_states))
+    side.dead = {int(p) for p in resume.counters.get("dead", ())}  # still out, as over Flower
     return resume.server_state, side, resume.update
 
 
 def _checkpoint(on_record, update, state, side, virtual_time=None) -> None:
     if on_record is not None:
         on_record(update, state, tuple(side.clients[p] for p in sorted(side.clients)),
-                  virtual_time)
+                  virtual_time, tuple(sorted(side.dead)))
 
 
 def _iterate_barrier(exp: Experiment, num_updates: int, resume=None, on_record=None):
@@ -310,7 +312,7 @@ def _iterate_on_arrival(exp: Experiment, num_updates: int, resume=None, on_recor
     durations = client_durations(config, exp.num_clients)
     state, side, update = _start(exp, resume)
     tally, t0 = Tally(), time.perf_counter()
-    idle = set(range(exp.num_clients))  # a resumed run restarts with every client idle
+    idle = set(range(exp.num_clients)) - side.dead  # a resumed run: every live client idle
     queue: list = []
     now = float((resume.counters.get("virtual_time") or 0.0) if resume else 0.0)
     if update >= num_updates:
@@ -371,8 +373,8 @@ def run_in_process(config, output_dir: str | None = None, progress: bool = True,
         posterior = exp.bundle.posterior(resume.server_state, exp.setup)
     recorder = Recorder(exp, "in-process", output_dir, progress, resume, posterior)
 
-    def on_record(update, state, clients, virtual_time):
-        recorder.checkpoint(update, state, clients, virtual_time=virtual_time)
+    def on_record(update, state, clients, virtual_time, dead):
+        recorder.checkpoint(update, state, clients, virtual_time=virtual_time, dead=dead)
 
     try:
         for update, state, log in iterate_in_process(exp, resume=resume, on_record=on_record):

@@ -166,6 +166,24 @@ def test_checkpoint_round_trips_states_exactly_without_pickle(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # renamed into place
 
 
+def test_in_process_resume_keeps_a_timed_out_partition_out(tmp_path):
+    """A partition that timed out before the checkpoint stays out of the resumed run (never
+    asked again, as over Flower) instead of timing out a second time; the result equals the
+    uninterrupted run bit for bit."""
+    from fedbayes_flwr.engine import iterate_in_process, not_sent
+
+    keys = {"algorithm": "pvi", "pvi.damping": 1.0, "inject-fault": "hang@2:1"}
+    full = _run(keys, tmp_path / "full", 5)
+    _run(keys, tmp_path / "half", 3)
+    ckpt = C.load(str(tmp_path / "half"))
+    assert ckpt.counters["dead"] == [1]
+    exp = build_experiment(C.resume_config(ckpt, str(tmp_path / "half"), 5))
+    logs = [log for _, _, log in iterate_in_process(exp, resume=ckpt)]
+    assert len(logs) == 2 and all(set(log.rejected) == {not_sent(1)} for log in logs)
+    resumed = _run(keys, None, 5, resume=tmp_path / "half")
+    _assert_same_run(full, resumed, tmp_path / "full", tmp_path / "half")
+
+
 def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path):
     with pytest.raises(C.CheckpointError, match="no checkpoint.npz"):
         C.load(str(tmp_path))
