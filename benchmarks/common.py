@@ -311,8 +311,6 @@ def plot_ess_per_work(ax, per: dict, ms, title: str, spread_bars: bool = False) 
     """Federated samplers against the number of workers M: ESS per event, per full-data
     gradient and per gradient of the busiest worker (``per[str(M)][key]`` holds ``mean`` and
     ``std``; ``spread_bars`` draws +- sd), log-log."""
-    from matplotlib.ticker import NullFormatter
-
     for key, label, color in ESS_PER_WORK:
         mean = np.array([per[str(m)][key]["mean"] for m in ms])
         if spread_bars:
@@ -320,14 +318,21 @@ def plot_ess_per_work(ax, per: dict, ms, title: str, spread_bars: bool = False) 
             ax.errorbar(ms, mean, yerr=sd, fmt="o-", color=color, capsize=3, label=label)
         else:
             ax.plot(ms, mean, "o-", color=color, label=label)
+    workers_axes(ax, ms, "ESS (mean over coordinates) per unit of work")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+
+
+def workers_axes(ax, ms, ylabel: str) -> None:
+    """Log-log axes over the numbers of workers ``ms`` (ticks at each M), with a grid."""
+    from matplotlib.ticker import NullFormatter
+
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(ms, [str(m) for m in ms])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("workers M")
-    ax.set_ylabel("ESS (mean over coordinates) per unit of work")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
 
 

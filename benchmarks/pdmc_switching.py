@@ -249,7 +249,6 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
 
     per = summary["per_workers"]
     ms = np.array([int(m) for m in per])
@@ -265,14 +264,8 @@ def plot(rows: list[dict], summary: dict, path: str) -> None:
     f = summary["fit"]
     ax.plot(grid, np.exp(f["intercept"]) * grid ** f["exponent"], "--", color="tab:red",
             label=f"fit: exponent {f['exponent']:.3f}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(ms, [str(m) for m in ms])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("workers M")
-    ax.set_ylabel("switching rate (events / unit time)")
+    common.workers_axes(ax, ms, "switching rate (events / unit time)")
     ax.set_title(f"Fed Zig-Zag, Gaussian d={D}, N={N}: mean switching rate")
-    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     common.plot_ess_per_work(axes[1], per, ms, "efficiency (Remark 4.1)")
     fig.tight_layout()
