@@ -246,6 +246,13 @@ def check_fits(ckpt: Checkpoint, bundle_name: str, template) -> None:
                               f"{type(template).__name__}")
 
 
+def check_client_count(ckpt: Checkpoint, num_clients: int) -> None:
+    """Raise :class:`CheckpointError` unless ``ckpt`` holds one client state per partition."""
+    if len(ckpt.client_states) != num_clients:
+        raise CheckpointError(f"resume: the checkpoint holds {len(ckpt.client_states)} client "
+                              f"states, the run has {num_clients} partitions")
+
+
 def resume_config(ckpt: Checkpoint, output_dir: str, num_rounds: int | None = None):
     """The run config of a resumed run: the stored one, in ``output_dir``, with ``num_rounds``
     total updates when given (:class:`fedbayes_flwr.config.RunConfig`)."""

@@ -526,8 +526,10 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
     num_clients = int(run_config["num-clients"])
     log_dir = output_dir / LOG_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
-    resuming = bool(run_config.get("resume"))  # result.json then holds the rows it continues
-    for old in [*log_dir.glob("*.log"), *[output_dir / "result.json"] * (not resuming)]:
+    earlier = list(log_dir.glob("*.log"))
+    if not run_config.get("resume"):  # a resumed run's result.json holds the rows it continues
+        earlier.append(output_dir / "result.json")
+    for old in earlier:
         old.unlink(missing_ok=True)  # an earlier run's (the ServerApp's recorder does the same)
     work = Path(tempfile.mkdtemp(prefix="fedbayes-deploy-"))  # mode 0700
     flwr_home, app_dir = work / "flwr-home", work / "app"

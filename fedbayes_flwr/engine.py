@@ -206,11 +206,9 @@ def _start(exp: Experiment, resume):
     side = _InProcess(exp)
     if resume is None:
         return exp.bundle.init_server(exp.setup), side, 0
-    if len(resume.client_states) != exp.num_clients:
-        from .checkpoint import CheckpointError
+    from .checkpoint import check_client_count
 
-        raise CheckpointError(f"resume: the checkpoint holds {len(resume.client_states)} client "
-                              f"states, the run has {exp.num_clients} partitions")
+    check_client_count(resume, exp.num_clients)
     side.clients = dict(enumerate(resume.client_states))
     side.dead = {int(p) for p in resume.counters.get("dead", ())}  # still out, as over Flower
     return resume.server_state, side, resume.update

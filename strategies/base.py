@@ -45,7 +45,6 @@ from fedbayes_flwr.engine import (
 from fedbayes_flwr.experiment import EXPECT, MISMATCH, fingerprint, payload_nbytes
 
 from . import checkpointing as ckpt_flower
-from .checkpointing import reported_version
 from .drivers import run_barrier, run_on_arrival, send_and_receive
 from .nodes import partition_nodes
 
@@ -179,7 +178,7 @@ class BundleStrategy(Strategy):
                 ckpt_flower.heal(self, pid)
         else:
             self._tally.up += codec.received_nbytes(reply.content)
-            self.versions[pid] = max(self.versions[pid], reported_version(reply.content))
+            self.versions[pid] = max(self.versions[pid], ckpt_flower.reported_version(reply.content))
             spec = self.actions[action]
             try:
                 message = codec.decode(reply.content, f"{self.bundle.name}.{action}.reply",

@@ -38,8 +38,8 @@ from fedbayes_flwr.checkpoint import (
     STATE_LOST,
     STATE_PUT,
     VERSION_KEY,
-    CheckpointError,
     StateAck,
+    check_client_count,
     check_fits,
     is_stateful,
 )
@@ -181,9 +181,7 @@ def resume(strategy, ckpt) -> None:
     its server state and update number now; its client states are sent to the partitions
     when the strategy starts (:func:`restore_clients`)."""
     check_fits(ckpt, strategy.bundle.name, strategy.state)
-    if len(ckpt.client_states) != strategy.num_clients:
-        raise CheckpointError(f"resume: the checkpoint holds {len(ckpt.client_states)} "
-                              f"client states, the run has {strategy.num_clients} partitions")
+    check_client_count(ckpt, strategy.num_clients)
     strategy.state = ckpt.server_state
     strategy._update = strategy._recorded = int(ckpt.update)
     strategy._settled = True
