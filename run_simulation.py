@@ -78,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def resume_overrides(args: argparse.Namespace, ckpt) -> dict:
     """The run config of ``--resume DIR``: the checkpoint's own, in DIR, with ``--num-rounds``;
     raises ConfigError when other run-config flags are given (the stored run defines them)."""
-    from fedbayes_flwr.config import ConfigError
+    from fedbayes_flwr.runtime.config import ConfigError
 
     given = [f"--{flag}" for flag in FLAGS if flag != "num-rounds"
              and getattr(args, flag.replace("-", "_")) is not None]
@@ -95,7 +95,7 @@ def resume_overrides(args: argparse.Namespace, ckpt) -> dict:
 
 def build_overrides(args: argparse.Namespace) -> dict:
     """The run-config overrides of the command line; raises ConfigError on a malformed item."""
-    from fedbayes_flwr.config import parse_override_string
+    from fedbayes_flwr.runtime.config import parse_override_string
 
     overrides = {}
     for text in args.run_config:
@@ -120,7 +120,7 @@ def _stop_on_first_ctrl_c():
     import signal
     import threading
 
-    from fedbayes_flwr.engine import clear_stop, request_stop
+    from fedbayes_flwr.runtime.engine import clear_stop, request_stop
 
     clear_stop()
     if threading.current_thread() is not threading.main_thread():
@@ -140,7 +140,7 @@ def _stop_on_first_ctrl_c():
 
 def check_output_dir(path: str) -> None:
     """Raise ConfigError unless ``path`` is (or can become) a directory."""
-    from fedbayes_flwr.config import ConfigError
+    from fedbayes_flwr.runtime.config import ConfigError
 
     probe = path
     while probe and not os.path.exists(probe):
@@ -165,7 +165,7 @@ def check_ray_address(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> N
     from ray._private.ray_constants import GLOBAL_GRPC_OPTIONS
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
-    from fedbayes_flwr.config import ConfigError
+    from fedbayes_flwr.runtime.config import ConfigError
 
     host, _, port = address.rpartition(":")
     if "://" in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -228,21 +228,21 @@ def _silenced_stderr_fd():
 
 def main(argv=None, reap: bool = False) -> int:
     """The CLI. ``reap`` (the script entry point) starts
-    :func:`fedbayes_flwr.processes.start_reaper` for the engines that start processes."""
+    :func:`fedbayes_flwr.deploy.watchdog.start_reaper` for the engines that start processes."""
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. the rows held out of a file without x_test
     with _silenced_stderr_fd():
         import tensorflow  # noqa: F401  (its C++ start-up noise goes to /dev/null)
     args = parse_args(argv)
-    from fedbayes_flwr.config import ConfigError, parse_run_config
     from fedbayes_flwr.data import DataError
-    from fedbayes_flwr.experiment import build_experiment
+    from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+    from fedbayes_flwr.runtime.experiment import build_experiment
 
     try:
         ckpt = None
         if args.resume:
-            from fedbayes_flwr.checkpoint import load as load_checkpoint
+            from fedbayes_flwr.runtime.checkpoint import load as load_checkpoint
 
             ckpt = load_checkpoint(args.resume)
         overrides = resume_overrides(args, ckpt) if ckpt else build_overrides(args)
@@ -263,12 +263,12 @@ def main(argv=None, reap: bool = False) -> int:
                 print(f"warning: {flag} is ignored with --engine {args.engine}", file=sys.stderr)
 
     if reap and args.engine != "in-process":
-        from fedbayes_flwr.processes import start_reaper
+        from fedbayes_flwr.deploy.watchdog import start_reaper
 
         start_reaper()
     with _stop_on_first_ctrl_c():
         if args.engine == "in-process":
-            from fedbayes_flwr.engine import run_in_process
+            from fedbayes_flwr.runtime.engine import run_in_process
 
             run_in_process(config, progress=not args.quiet, resume=ckpt)
         elif args.engine == "deployment":
@@ -324,10 +324,10 @@ def quiet_flower_logs() -> None:
 
 
 def run_deployment(config, progress: bool = True) -> int | None:
-    """Run ``config`` on a one-machine Flower deployment (:mod:`fedbayes_flwr.deploy`): None
+    """Run ``config`` on a one-machine Flower deployment (:mod:`fedbayes_flwr.deploy.run`): None
     when the run left a result to report, else the exit status (the reason is printed)."""
-    from fedbayes_flwr import deploy as deployment
-    from fedbayes_flwr.engine import Interrupted
+    from fedbayes_flwr.deploy import run as deployment
+    from fedbayes_flwr.runtime.engine import Interrupted
 
     try:
         deployment.run_deployment(config.to_run_config(), progress=progress)

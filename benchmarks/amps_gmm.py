@@ -5,7 +5,7 @@ single agents.
 Data: the ``amps-mixture`` set (:mod:`fedbayes_flwr.data.amps_sets`; the CLI's data at the same
 seed), drawn afresh for every seed: three components in one dimension with means
 ``(1, -1, 3)``, weights ``(0.6, 0.3, 0.1)`` and known variance ``0.09``; 30 training points and
-2,000 fresh held-out points. The model is :class:`fedbayes_flwr.vb.gmm.GMM` with the paper's
+2,000 fresh held-out points. The model is :class:`fedbayes_flwr.inference.vb.gmm.GMM` with the paper's
 prior (means ``N(0, 2)``, weights ``Dirichlet(1, 1, 1)``; well specified), mean-field coordinate
 ascent, 5 restarts per fit (``--restarts``), ``tol = 1e-6``.
 
@@ -14,14 +14,15 @@ i.i.d., so consecutive is as good as shuffled); every agent fits from the prior,
 posterior's components are relabelled by a random permutation (coupled over means and weights),
 so the merge cannot rely on the restarts happening to agree. The posteriors are merged by
 
-* AMPS with iterative bipartite matching (``bipartite``; :func:`fedbayes_flwr.amps.align`),
+* AMPS with iterative bipartite matching (``bipartite``; :func:`fedbayes_flwr.algorithms.amps.merge.align`),
 * AMPS with the paper's Section 3.1 pairwise-swap search (``swap``),
 * the naive merge (identity permutations, eq. 3),
 
 and batch VB fits all 30 points at once (same restarts). Reported per method: the largest 2-norm
 error of the component means (posterior means of ``q(mu_k)``) after the best relabelling
-(:func:`fedbayes_flwr.amps.matched_error`), the held-out log predictive density per point (exact
-under ``q``: :meth:`~fedbayes_flwr.vb.gmm.GMM.heldout_loglik`), the AMPS objective ``J`` (both
+(:func:`fedbayes_flwr.algorithms.amps.merge.matched_error`), the held-out log predictive density per
+point (exact
+under ``q``: :meth:`~fedbayes_flwr.inference.vb.gmm.GMM.heldout_loglik`), the AMPS objective ``J`` (both
 searches and naive) and the wall time of the merge (alignment plus merge). Also the single agents
 ("local only": mean, min and max over the 10 agents) and the held-out log-likelihood of the true
 mixture (the ceiling).
@@ -77,7 +78,7 @@ SHOWN_AGENTS = 3
 
 
 def make_model():
-    from fedbayes_flwr.vb.gmm import GMM
+    from fedbayes_flwr.inference.vb.gmm import GMM
 
     return GMM(MODEL["num_components"], MODEL["dim"], MODEL["noise_var"], MODEL["prior_var"],
                MODEL["concentration"])
@@ -96,7 +97,7 @@ def true_loglik(x_test) -> float:
 
 
 def score(model, params, x_test, **extra) -> dict:
-    from fedbayes_flwr import amps
+    from fedbayes_flwr.algorithms.amps import merge as amps
     from fedbayes_flwr.data.amps_sets import MIXTURE_MEANS
 
     errors, perm = amps.matched_error(model.component_means(params), MIXTURE_MEANS)
@@ -108,8 +109,9 @@ def score(model, params, x_test, **extra) -> dict:
 def run_seed(seed: int, restarts: int):
     """Every method on the data of ``seed``: ``(row, posteriors)``, ``posteriors`` for the
     plot (prior, the agents' posteriors as sent, the merges and batch VB)."""
-    from fedbayes_flwr import amps, expfam
+    from fedbayes_flwr.algorithms.amps import merge as amps
     from fedbayes_flwr.data.amps_sets import load_amps_set
+    from fedbayes_flwr.inference import expfam
 
     data = load_amps_set(DATASET, "none", seed)
     x, x_test = data.x_train, data.x_test
@@ -308,8 +310,9 @@ def plot_posteriors(post: dict, row: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     from scipy.stats import norm
 
-    from fedbayes_flwr import amps, expfam
+    from fedbayes_flwr.algorithms.amps import merge as amps
     from fedbayes_flwr.data.amps_sets import MIXTURE_MEANS
+    from fedbayes_flwr.inference import expfam
 
     model, truth, seed = post["model"], MIXTURE_MEANS.ravel(), row["seed"]
     rng = np.random.default_rng([seed, 2])

@@ -5,9 +5,9 @@ and the single agents.
 Data: the ``latent-features`` set (:mod:`fedbayes_flwr.data.amps_sets`; the CLI's data at the same
 seed), drawn afresh for every seed: ``K = 5`` random binary features in ``D = 10`` dimensions,
 inclusion probabilities ``U(0, 1)``, noise variance ``0.04``; 1,000 training and 300 held-out
-observations. The model is :class:`fedbayes_flwr.vb.latent_feature.LatentFeature` with the
+observations. The model is :class:`fedbayes_flwr.inference.vb.latent_feature.LatentFeature` with the
 paper's prior (``Beta(1, 1)``, ``eta0 = 0``) and ``nu0`` estimated by the server from the sum of
-the agents' data moments (:meth:`~fedbayes_flwr.vb.latent_feature.LatentFeature.data_moments`,
+the agents' data moments (:meth:`~fedbayes_flwr.inference.vb.latent_feature.LatentFeature.data_moments`,
 sent once); known noise variance; ``--restarts`` (default 3) restarts per fit, ``tol = 1e-6``.
 
 Per seed: 5 agents get 200 consecutive training rows each (the rows are i.i.d.); every agent fits
@@ -15,16 +15,18 @@ from the prior, and its posterior's features are relabelled by a random permutat
 features and inclusion probabilities), so the merge cannot rely on restarts happening to agree.
 The posteriors are merged by
 
-* AMPS with iterative bipartite matching (``bipartite``; :func:`fedbayes_flwr.amps.align`), the
+* AMPS with iterative bipartite matching (``bipartite``;
+:func:`fedbayes_flwr.algorithms.amps.merge.align`), the
   paper's choice for this model,
 * AMPS with the pairwise-swap search (``swap``),
 * the naive merge (identity permutations, eq. 3),
 
 and batch VB fits all 1,000 rows at once (same restarts). Reported per method: the 2-norm error
-of each feature's posterior mean after the best relabelling (:func:`fedbayes_flwr.amps.matched_error`;
+of each feature's posterior mean after the best relabelling
+(:func:`fedbayes_flwr.algorithms.amps.merge.matched_error`;
 ``feature_error`` is the mean over the 5 features, ``max_error`` the largest), the held-out
 predictive log-likelihood of one random coordinate per test row given the other 9 (exact under
-``q`` by enumerating ``z``: :meth:`~fedbayes_flwr.vb.latent_feature.LatentFeature.heldout_loglik`,
+``q`` by enumerating ``z``: :meth:`~fedbayes_flwr.inference.vb.latent_feature.LatentFeature.heldout_loglik`,
 the same coordinates for every method), the AMPS objective ``J`` and wall times (each agent's fit,
 the merges, batch VB). Also the single agents (mean, min and max over the 5) and the same
 held-out score under the generating parameters (the ceiling).
@@ -69,7 +71,7 @@ PINNED = 1e12  # precision of the "true parameters" posterior used for the ceili
 
 
 def make_model(prior_precision: float = 1.0):
-    from fedbayes_flwr.vb.latent_feature import LatentFeature
+    from fedbayes_flwr.inference.vb.latent_feature import LatentFeature
 
     return LatentFeature(MODEL["num_features"], MODEL["dim"], MODEL["noise_var"], MODEL["alpha"],
                          MODEL["beta"], prior_precision)
@@ -78,10 +80,10 @@ def make_model(prior_precision: float = 1.0):
 def generating_params(seed: int, x_train):
     """The generating features and probabilities as a (pinned) posterior, or None when the
     regenerated data differ from the set's (then no ceiling is reported)."""
-    from fedbayes_flwr import expfam
     from fedbayes_flwr.data.amps_sets import AMPS_SETS, LF_TEST, LF_TRAIN
     from fedbayes_flwr.data.latent_features import make_latent_features
-    from fedbayes_flwr.vb.latent_feature import LatentFeatureParams
+    from fedbayes_flwr.inference import expfam
+    from fedbayes_flwr.inference.vb.latent_feature import LatentFeatureParams
 
     rng = np.random.default_rng([seed, AMPS_SETS.index(DATASET)])
     x, features, probs = make_latent_features(rng, LF_TRAIN + LF_TEST)
@@ -93,7 +95,8 @@ def generating_params(seed: int, x_train):
 
 
 def score(model, params, x_test, truth, **extra) -> dict:
-    from fedbayes_flwr import amps, expfam
+    from fedbayes_flwr.algorithms.amps import merge as amps
+    from fedbayes_flwr.inference import expfam
 
     errors, perm = amps.matched_error(model.component_means(params), truth)
     return {"heldout_loglik": model.heldout_loglik(params, x_test),
@@ -105,8 +108,9 @@ def score(model, params, x_test, truth, **extra) -> dict:
 def run_seed(seed: int, restarts: int):
     """Every method on the data of ``seed``: ``(row, posteriors)`` (``posteriors`` for the
     feature plot)."""
-    from fedbayes_flwr import amps, expfam
+    from fedbayes_flwr.algorithms.amps import merge as amps
     from fedbayes_flwr.data.amps_sets import load_amps_set, truth
+    from fedbayes_flwr.inference import expfam
 
     data = load_amps_set(DATASET, "none", seed)
     x, x_test = data.x_train, data.x_test
@@ -294,7 +298,7 @@ def plot_features(post: dict, seed: int, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedbayes_flwr import amps
+    from fedbayes_flwr.algorithms.amps import merge as amps
 
     model, features = post["model"], post["features"]
     shown = [("truth", features)]

@@ -4,7 +4,7 @@ recovery and time, AMPS vs the naive merge, batch VB and the single agents, then
 Data: the ``lda-corpus`` set (:mod:`fedbayes_flwr.data.amps_sets`), drawn afresh for every trial
 (trial ``t`` is the set at seed ``seed + t``): ``V = 100`` words, ``K = 10`` topics, 80 words per
 document, ``alpha = 1/K``, ``eta = 0.1``; 1,000 training documents and 200 test documents. The
-model is :class:`fedbayes_flwr.vb.lda.LDA` with the same hyperparameters (well specified), one
+model is :class:`fedbayes_flwr.inference.vb.lda.LDA` with the same hyperparameters (well specified), one
 start per fit (the paper's setting; ``--restarts`` to change), ``tol = 1e-6``.
 
 Part 1 (Fig. 7), for N = 5, 10, 50 agents: the training documents are split evenly over the
@@ -13,11 +13,11 @@ agents (200 / 100 / 20 each); every agent fits from the prior; the posteriors ar
 batch VB fits all 1,000 documents at once. Reported per method: the held-out log-likelihood per
 word (Wang et al. 2011: 90% of each test document observed, 10% scored, the same split for every
 method), the mean per-topic 2-norm error of the topic means after the best relabelling
-(:func:`fedbayes_flwr.amps.matched_error`), and the time: agents in parallel, so local = the
+(:func:`fedbayes_flwr.algorithms.amps.merge.matched_error`), and the time: agents in parallel, so local = the
 slowest agent's fit, plus the merge (for AMPS the alignment).
 
 Part 2 (Fig. 8): AMPS 1x10, 10x1 and 10x10 (agents x sub-batches per agent) against SDA-Bayes in
-the same settings (:mod:`fedbayes_flwr.streaming`), the 1,000 documents split evenly over all
+the same settings (:mod:`fedbayes_flwr.algorithms.amps.streaming`), the 1,000 documents split evenly over all
 sub-batches. Every setting and scheme draws its fits' starts from the same seed, so the
 comparisons are paired: AMPS 1x10 and 10x1 fit the same sub-batches from the same starts and
 merge them the same way (one agent's merge of 10 sub-batch posteriors is the same problem as 10
@@ -48,7 +48,7 @@ def heldout(model, params, x_test) -> float:
 
 
 def topic_error(model, params, topics) -> float:
-    from fedbayes_flwr import amps
+    from fedbayes_flwr.algorithms.amps import merge as amps
 
     return float(np.mean(amps.matched_error(model.component_means(params), topics)[0]))
 
@@ -60,9 +60,10 @@ def score(model, params, x_test, topics, seconds, **extra) -> dict:
 
 def trial(seed: int, restarts: int) -> dict:
     """Both parts on the corpus of ``seed``."""
-    from fedbayes_flwr import amps, streaming
+    from fedbayes_flwr.algorithms.amps import merge as amps
+    from fedbayes_flwr.algorithms.amps import streaming
     from fedbayes_flwr.data.amps_sets import LDA_SHAPE, load_amps_set, truth
-    from fedbayes_flwr.vb.lda import LDA
+    from fedbayes_flwr.inference.vb.lda import LDA
 
     data = load_amps_set("lda-corpus", "none", seed)
     x, x_test, topics = data.x_train, data.x_test, truth("lda-corpus", seed)

@@ -40,8 +40,8 @@ import sys
 
 import common  # first: environment and sys.path
 
+from fedbayes_flwr.evaluation.plots import plot_curves
 from fedbayes_flwr.models import INIT_STD
-from fedbayes_flwr.plots import plot_curves
 
 NAME = "bnn_digits"
 NUM_CLIENTS = common.NUM_CLIENTS

@@ -30,10 +30,10 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from fedbayes_flwr.config import parse_run_config  # noqa: E402
-from fedbayes_flwr.engine import run_in_process  # noqa: E402
-from fedbayes_flwr.plots import plot_curves  # noqa: E402
-from fedbayes_flwr.recorder import write_json  # noqa: E402
+from fedbayes_flwr.evaluation.plots import plot_curves  # noqa: E402
+from fedbayes_flwr.runtime.config import parse_run_config  # noqa: E402
+from fedbayes_flwr.runtime.engine import run_in_process  # noqa: E402
+from fedbayes_flwr.runtime.recorder import write_json  # noqa: E402
 
 NUM_CLIENTS = 10
 TOLERANCE = 0.01  # "within 1% of global VI's test NLL"
@@ -129,7 +129,7 @@ def partition_meta(names) -> dict:
 
 
 class Results:
-    """The JSON document, rewritten atomically (:func:`fedbayes_flwr.recorder.write_json`) after
+    """The JSON document, rewritten atomically (:func:`fedbayes_flwr.runtime.recorder.write_json`) after
     every change, so a crash keeps what was finished."""
 
     def __init__(self, path: str, meta: dict, sections: dict, keep: bool = False):

@@ -1,6 +1,6 @@
 """Per-exchange cost of a Flower deployment on this machine, split by who controls it.
 
-Runs ``fedbayes_flwr.deploy.run_deployment`` (TLS, SuperNode authentication, one SuperNode per
+Runs ``fedbayes_flwr.deploy.run.run_deployment`` (TLS, SuperNode authentication, one SuperNode per
 partition: what ``run_simulation.py --engine deployment`` runs) for
 
 * ``empty``: the empty-exchange plugin (``benchmarks/empty_exchange.py``: one integer each way,
@@ -53,8 +53,8 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from fedbayes_flwr.config import parse_run_config  # noqa: E402
-from fedbayes_flwr.deploy import run_deployment  # noqa: E402
+from fedbayes_flwr.deploy.run import run_deployment  # noqa: E402
+from fedbayes_flwr.runtime.config import parse_run_config  # noqa: E402
 
 CASES = {
     "empty": {"algorithm": "empty-exchange", "algorithm-modules": "benchmarks.empty_exchange",

@@ -24,7 +24,7 @@ import common  # noqa: F401  (environment, sys.path)
 import numpy as np
 from common import argument_parser, resolve_common_args, start, timed_run
 
-from fedbayes_flwr.posterior import SamplePosterior
+from fedbayes_flwr.inference.posterior import SamplePosterior
 
 # (label, model, synthetic-dim, synthetic-size, agents, graph); d = dim (+1 intercept for logistic)
 PROBLEMS = [

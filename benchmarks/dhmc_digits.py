@@ -6,12 +6,12 @@ the running posterior predictive against iterations (the paper's curves).
 Data: scikit-learn's 8x8 ``digits`` (``load_dataset("digits", "multiclass")``: 1,437 training and
 360 test rows, 64 pixels scaled to [0, 1], 10 classes) standing in for the paper's MNIST. The
 model is :class:`fedbayes_flwr.models.bnn.BNNClassifier`'s network through its numpy potential
-(:class:`fedbayes_flwr.nets_numpy.SoftmaxNetPotential`: the softmax cross-entropy summed over an
+(:class:`fedbayes_flwr.models.nets_numpy.SoftmaxNetPotential`: the softmax cross-entropy summed over an
 agent's rows, exact gradient and Hessian quadratic form), prior ``N(0, PRIOR_SCALE^2 I)`` with
 ``PRIOR_SCALE = 1`` for every experiment and method (the reference code's precision 100 is for
 54,000 MNIST rows and 784 pixels; on 1,437 digits it pulls the softmax MAP's test accuracy down
 to 0.94 against 0.967 at scale 1). Agent ``i`` holds ``U_i = -log p(D_i | w) + |w|^2 / (2 m
-PRIOR_SCALE^2)`` (:class:`fedbayes_flwr.dhmc.LocalPotential`, the prior split evenly).
+PRIOR_SCALE^2)`` (:class:`fedbayes_flwr.algorithms.dhmc.agents.LocalPotential`, the prior split evenly).
 
 Experiments (the reference code AdamCobb/dblmahmc, ``scripts/``):
 
@@ -37,17 +37,17 @@ Experiments (the reference code AdamCobb/dblmahmc, ``scripts/``):
 Methods (the same starts, warm-up and kept iterations; one iteration of every method costs one
 full-data gradient summed over the agents):
 
-* ``dhmc``: :func:`fedbayes_flwr.dhmc_loop.simulate` with the bundle's defaults: leapfrog, exact
+* ``dhmc``: :func:`fedbayes_flwr.algorithms.dhmc.loop.simulate` with the bundle's defaults: leapfrog, exact
   energy, ``agree`` decision (every agent moves only if all accept; the step adapted on the
   agents' minimum acceptance probability, as the bundle does), ``mixing-rounds = auto`` (the
   least ``s`` with ``W^s`` keeping at most 1% of a disagreement: 34 on the path of 5, 1 on a
   complete graph), the step adapted by dual averaging in the warm-up from 0.01 (target
   acceptance 0.6, the Metropolis test on).
-* ``dula``: :func:`fedbayes_flwr.dhmc_baselines.decentralized_ula`, independent noise scaled so
+* ``dula``: :func:`fedbayes_flwr.algorithms.dhmc.baselines.decentralized_ula`, independent noise scaled so
   the network average runs ULA (DE-SGLD), the same mixing rounds, the reference code's decay
   ``h_t = h_0 (230 / (230 + t))^0.55`` from ``h_0 = epsilon_c^2 / 2`` (``epsilon_c`` the step
   centralized HMC adapted: MALA's step in Langevin units).
-* ``chmc``: :func:`fedbayes_flwr.dhmc_baselines.centralized_hmc` on the pooled potential, one
+* ``chmc``: :func:`fedbayes_flwr.algorithms.dhmc.baselines.centralized_hmc` on the pooled potential, one
   leapfrog step per iteration, the same adaptation.
 * ``dhmc-s10`` (``digit-split`` only): ``dhmc`` with the former fixed default of 10 mixing
   rounds. The path's Metropolis matrix has second eigenvalue 0.873, so ``W^10`` keeps 26% of a
@@ -179,7 +179,7 @@ def predictive(samples, test_pot, thin: int) -> dict:
 def diagnostics(samples, draw_ll, softmax: bool) -> dict:
     """ESS / R-hat across chains (agent 1): of the per-draw test log-likelihood, and (softmax
     regression) of the parameters."""
-    from fedbayes_flwr.posterior import SamplePosterior
+    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     post = SamplePosterior(draw_ll[0][..., None])
     out = {"ess_test_ll": float(post.ess()[0]), "rhat_test_ll": float(post.rhat()[0])}
@@ -194,9 +194,9 @@ def diagnostics(samples, draw_ll, softmax: bool) -> dict:
 
 def run_method(method, pots, mixing, w0, args, cfg, eps_c, var_ref):
     """``(samples (m, K, T, d), info)``."""
-    from fedbayes_flwr import gossip
-    from fedbayes_flwr.dhmc_baselines import PooledPotential, centralized_hmc, decentralized_ula
-    from fedbayes_flwr.dhmc_loop import simulate
+    from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+    from fedbayes_flwr.algorithms.dhmc.baselines import PooledPotential, centralized_hmc, decentralized_ula
+    from fedbayes_flwr.algorithms.dhmc.loop import simulate
 
     _, warmup, iterations, _ = cfg
     if method.startswith("chmc"):
@@ -225,9 +225,10 @@ def run_method(method, pots, mixing, w0, args, cfg, eps_c, var_ref):
 
 
 def run_experiment(name, data, args, results) -> list[dict]:
-    from fedbayes_flwr import dhmc, gossip
-    from fedbayes_flwr.nets_numpy import SoftmaxNetPotential
-    from fedbayes_flwr.pdmp.potentials import DiagonalGaussian
+    from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+    from fedbayes_flwr.algorithms.dhmc import agents as dhmc
+    from fedbayes_flwr.inference.potentials import DiagonalGaussian
+    from fedbayes_flwr.models.nets_numpy import SoftmaxNetPotential
 
     spec = EXPERIMENTS[name]
     x, y, xt, yt = data

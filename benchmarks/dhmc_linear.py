@@ -6,12 +6,13 @@ Data: ``load_dataset("synthetic", "real", synthetic="linear", seed=--data-seed (
 synthetic_size=250, synthetic_dim=3)``: 200 training rows (the test rows are unused), noise
 scale 1, prior ``N(0, I)``; the posterior is Gaussian and known exactly. The rows are split into
 5 consecutive shards (``numpy.array_split``), agent ``i`` holding ``U_i`` = its rows' negative
-log-likelihood plus a fifth of the prior's (:class:`fedbayes_flwr.dhmc.LocalPotential`).
+log-likelihood plus a fifth of the prior's (:class:`fedbayes_flwr.algorithms.dhmc.agents.LocalPotential`).
 Graphs: a ring of 5 (the main table), a path and the complete graph, Metropolis weights
-(:mod:`fedbayes_flwr.gossip`; on the complete graph they average exactly, so ``s`` is moot there:
+(:mod:`fedbayes_flwr.algorithms.decentralized.graphs`; on the complete graph they average exactly, so
+``s`` is moot there:
 a control).
 
-**Runs** (:func:`fedbayes_flwr.dhmc_loop.simulate`): 16 chains started overdispersed around the
+**Runs** (:func:`fedbayes_flwr.algorithms.dhmc.loop.simulate`): 16 chains started overdispersed around the
 posterior (exact mean + 2 sd x N(0, 1), the same starts for every run), ``--warmup`` (200)
 iterations discarded (the Metropolis test on, the library's default; the step adapted there by
 dual averaging when "adapted"), then ``--iterations`` (2,000) kept. Factors: mixing rounds ``s``
@@ -45,7 +46,8 @@ chains x gradient evaluations per agent per chain, warm-up included: one iterati
 is one full-data gradient; the exact energy counts two).
 
 **Tracker drift** (ring, step 0.04, s in 1 2 5 10, local and flood): the iteration rebuilt from
-:mod:`fedbayes_flwr.dhmc` so that the gradient trackers can be read, reporting the invariant's
+:mod:`fedbayes_flwr.algorithms.dhmc.agents` so that the gradient trackers can be read, reporting the
+invariant's
 error ``m |mean_i y_i - mean_i grad U_i(w_i)|`` (largest over chains and coordinates) in the first
 and last tenth of the run. Under ``flood`` every agent takes the same branch (the tracker after
 the move, or ``W^s y`` after a rejection) and the invariant holds to rounding; under ``local`` an
@@ -87,9 +89,9 @@ TARGET_ACCEPT = 0.6
 
 
 def load_problem(seed: int):
-    from fedbayes_flwr import dhmc
+    from fedbayes_flwr.algorithms.dhmc import agents as dhmc
     from fedbayes_flwr.data import load_dataset
-    from fedbayes_flwr.pdmp import potentials as P
+    from fedbayes_flwr.inference import potentials as P
 
     data = load_dataset("synthetic", "real", synthetic="linear", seed=seed,
                         synthetic_size=SIZE, synthetic_dim=FEATURES)
@@ -103,7 +105,7 @@ def load_problem(seed: int):
 
 def measure(run, mean, var) -> dict:
     """The per-run numbers (module docstring)."""
-    from fedbayes_flwr.posterior import SamplePosterior
+    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     s = run.samples  # (m, K, T, d)
     avg = s.mean(axis=0)  # (K, T, d)
@@ -153,7 +155,7 @@ KEEP_SAMPLES = {}  # (rounds, step, decision, energy) -> samples, for the energy
 
 def one(pots, mixing, mean, var, args, *, graph, rounds, step, decision, integrator, energy,
         section, warmup_metropolis=True, init="overdispersed") -> dict:
-    from fedbayes_flwr.dhmc_loop import simulate
+    from fedbayes_flwr.algorithms.dhmc.loop import simulate
 
     adapted = step == "adapted"
     w0 = start(mean, var, args.seed, init)
@@ -188,11 +190,11 @@ def one(pots, mixing, mean, var, args, *, graph, rounds, step, decision, integra
 
 def tracker_drift(pots, mixing, w0, epsilon, iterations, rounds, decision, seed) -> dict:
     """The gradient tracker's invariant ``mean_i y_i = mean_i grad U_i(w_i)`` along a run: the
-    iteration of :func:`fedbayes_flwr.dhmc_loop.simulate` (fixed step, no warm-up) rebuilt from
-    the agents' maths (:mod:`fedbayes_flwr.dhmc`) so the trackers can be read. Returns
+    iteration of :func:`fedbayes_flwr.algorithms.dhmc.loop.simulate` (fixed step, no warm-up) rebuilt from
+    the agents' maths (:mod:`fedbayes_flwr.algorithms.dhmc.agents`) so the trackers can be read. Returns
     ``m max |mean y - mean g_last|`` (network-gradient units, largest over chains and
     coordinates) over the first and last tenth of the run, and the fraction of agent moves."""
-    from fedbayes_flwr import dhmc
+    from fedbayes_flwr.algorithms.dhmc import agents as dhmc
 
     m = len(pots)
     k, d = w0.shape
@@ -414,7 +416,7 @@ def main():
     args.iterations = args.iterations or (500 if args.quick else 2000)
     args.warmup = args.warmup if args.warmup is not None else (100 if args.quick else 200)
 
-    from fedbayes_flwr import gossip
+    from fedbayes_flwr.algorithms.decentralized import graphs as gossip
 
     pots, mean, var, n = load_problem(args.data_seed)
     graphs = {g: gossip.metropolis_weights(getattr(gossip, g)(AGENTS))

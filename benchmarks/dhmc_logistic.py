@@ -12,9 +12,9 @@ and ``d = 6``), prior ``N(0, I)``. The training rows go to 5 agents on a ring (M
 weights), split two ways: ``iid`` (a seeded permutation, then ``numpy.array_split``) and
 ``label-sorted`` (rows sorted by label, then split: most agents see one class only, the paper's
 heterogeneous setting). Agent ``i`` holds its rows' negative log-likelihood plus a fifth of the
-prior's (:class:`fedbayes_flwr.dhmc.LocalPotential`).
+prior's (:class:`fedbayes_flwr.algorithms.dhmc.agents.LocalPotential`).
 
-**Reference.** NUTS (:func:`fedbayes_flwr.reference.nuts_reference`, ``tfp.mcmc``, target
+**Reference.** NUTS (:func:`fedbayes_flwr.evaluation.reference.nuts_reference`, ``tfp.mcmc``, target
 acceptance 0.8) on the pooled posterior with the model's own TensorFlow density, 8 chains x
 5,000 draws after 2,000 warm-up, cached on disk (the synthetic set's is the Fed-PDMC
 benchmark's).
@@ -26,24 +26,24 @@ gradient evaluations per agent, and one iteration of all agents is one full-data
 one centralized iteration is; the Taylor energy's Hessian-vector product and centralized HMC's
 potential value are not counted):
 
-* ``dhmc``: :func:`fedbayes_flwr.dhmc_loop.simulate`, leapfrog, Taylor energy, ``flood``
+* ``dhmc``: :func:`fedbayes_flwr.algorithms.dhmc.loop.simulate`, leapfrog, Taylor energy, ``flood``
   decision (all agents move only if all their own tests accept), the step adapted by dual
   averaging in the warm-up (from 0.05, mean acceptance probability 0.6, the library's default
   warm-up with the test on).
 * ``dhmc-exact``: the same with the exact local energy differences instead of the Taylor term
   (``energy="exact"``): one more pass over the local data per iteration, as the Taylor term's
-  Hessian-vector product is (:func:`~fedbayes_flwr.dhmc_loop.simulate` counts it as a second
+  Hessian-vector product is (:func:`~fedbayes_flwr.algorithms.dhmc.loop.simulate` counts it as a second
   gradient evaluation and the Taylor term as none; here both get the same iterations).
 * ``dhmc-local``: ``dhmc`` with each agent deciding alone (``local``).
 * ``dmala``: the paper's decentralized MALA: symplectic-Euler step, Taylor energy, ``local``
   decision, the same adaptation.
-* ``dula``: :func:`fedbayes_flwr.dhmc_baselines.decentralized_ula`, independent noise scaled so
+* ``dula``: :func:`fedbayes_flwr.algorithms.dhmc.baselines.decentralized_ula`, independent noise scaled so
   the network average is ULA (DE-SGLD), the reference code's decay ``h_t = h_0 (230 / (230 +
   t))^0.55`` from ``h_0 = epsilon^2 / 2`` with ``epsilon`` the step centralized HMC adapted for
   the same problem (MALA's step in Langevin units; the same for every ``s`` and noise);
   ``dula-shared``: one shared noise draw;
   ``dula-ref``: the seed paper's code's noise (unscaled per agent: samples about ``exp(-m U)``).
-* ``chmc``: :func:`fedbayes_flwr.dhmc_baselines.centralized_hmc` on the pooled data, one
+* ``chmc``: :func:`fedbayes_flwr.algorithms.dhmc.baselines.centralized_hmc` on the pooled data, one
   leapfrog step, the same adaptation.
 
 The Metropolis-adjusted decentralized methods run with ``s`` = 1, 5 and 10 mixing rounds per
@@ -51,10 +51,10 @@ exchange (an iteration has two exchanges), ULA with 1 and 5 (one exchange): ULA 
 adds a fresh local step ``h m grad U_i``, so the agents' spread does not fall below about
 ``h m |grad U_i - mean_j grad U_j|`` however many rounds (no gradient tracking).
 
-**Per run:** marginal W1 (:func:`fedbayes_flwr.reference.marginal_w1`) to the reference over the
+**Per run:** marginal W1 (:func:`fedbayes_flwr.evaluation.reference.marginal_w1`) to the reference over the
 reference sd, mean over coordinates, for each agent's own samples (all chains and kept
 iterations; mean and worst over agents) and for the agents' average iterate; the W1 that a
-perfect sampler with the run's ESS would show (:func:`fedbayes_flwr.reference.w1_noise_floor`,
+perfect sampler with the run's ESS would show (:func:`fedbayes_flwr.evaluation.reference.w1_noise_floor`,
 median of 50 repeats, same scale); ESS of the agents' average per chain (across chains, never
 agents); mean error and variance ratio against the reference; acceptance, local disagreement,
 consensus error (relative to the reference variance), the step; test accuracy and NLL of the
@@ -169,7 +169,7 @@ def nuts_predictive(draws, xt, yt) -> dict:
 
 def w1(samples, ref_sorted) -> np.ndarray:
     """Per-coordinate W1 between ``samples (..., d)`` and the reference, the same integral as
-    :func:`fedbayes_flwr.reference.marginal_w1` (``integral |F_a - F_b|`` on the merged sorted
+    :func:`fedbayes_flwr.evaluation.reference.marginal_w1` (``integral |F_a - F_b|`` on the merged sorted
     points) with the reference sorted once, ``ref_sorted (d, R)`` (checked equal in ``main``)."""
     a = np.sort(np.asarray(samples).reshape(-1, ref_sorted.shape[0]).T, axis=1)
     n, r = a.shape[1], ref_sorted.shape[1]
@@ -185,8 +185,8 @@ def w1(samples, ref_sorted) -> np.ndarray:
 
 def measure(samples, ref, ref_sorted, ref_sd, xt, yt, checkpoints, seed) -> dict:
     """W1, ESS, moments and predictive of ``samples (m, K, T, d)`` (``m = 1``: centralized)."""
-    from fedbayes_flwr.posterior import SamplePosterior
-    from fedbayes_flwr.reference import w1_noise_floor
+    from fedbayes_flwr.evaluation.reference import w1_noise_floor
+    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     m = samples.shape[0]
     d = samples.shape[-1]
@@ -212,8 +212,8 @@ def measure(samples, ref, ref_sorted, ref_sd, xt, yt, checkpoints, seed) -> dict
 
 def run_method(method, pots, mixing, w0, rounds, args, eps_c, var_ref):
     """One run: ``(samples (m, K, T, d), info)``."""
-    from fedbayes_flwr.dhmc_baselines import PooledPotential, centralized_hmc, decentralized_ula
-    from fedbayes_flwr.dhmc_loop import simulate
+    from fedbayes_flwr.algorithms.dhmc.baselines import PooledPotential, centralized_hmc, decentralized_ula
+    from fedbayes_flwr.algorithms.dhmc.loop import simulate
 
     if method == "chmc":
         run = centralized_hmc(PooledPotential(pots), w0, STEP0, args.iterations,
@@ -242,9 +242,10 @@ def run_method(method, pots, mixing, w0, rounds, args, eps_c, var_ref):
 
 
 def run_problem(dataset, split_kind, x, y, xt, yt, ref, args, results) -> list[dict]:
-    from fedbayes_flwr import dhmc, gossip
+    from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+    from fedbayes_flwr.algorithms.dhmc import agents as dhmc
+    from fedbayes_flwr.inference import potentials as P
     from fedbayes_flwr.models import make_model
-    from fedbayes_flwr.pdmp import potentials as P
 
     model = make_model("logistic-regression")
     d = x.shape[1] + 1
@@ -384,8 +385,8 @@ def main():
     ref_settings = ({"num_chains": 4, "num_draws": 1000, "num_warmup": 500} if q else
                     {"num_chains": 8, "num_draws": 5000, "num_warmup": 2000})
 
+    from fedbayes_flwr.evaluation.reference import nuts_reference
     from fedbayes_flwr.models import make_model
-    from fedbayes_flwr.reference import nuts_reference
 
     results = common.start(NAME, args, {"reference": {}, "nuts_predictive": {}, "runs": []},
                            agents=AGENTS, chains=CHAINS, graph="ring", rounds=list(ROUNDS),
@@ -408,7 +409,7 @@ def main():
             "ess_min": float(ref.ess.min()), "rhat_max": float(ref.rhat.max()),
             "n_train": len(x), "n_test": len(xt), "d": x.shape[1] + 1}
         results.doc["nuts_predictive"][dataset] = nuts_pred[dataset]
-        from fedbayes_flwr.reference import marginal_w1
+        from fedbayes_flwr.evaluation.reference import marginal_w1
 
         probe = draws[::7] * 1.1 + 0.01  # the fast W1 against the library's on a probe sample
         results.doc["reference"][dataset]["w1_check_max_abs_diff"] = float(np.max(np.abs(

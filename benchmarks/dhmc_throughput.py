@@ -4,7 +4,7 @@ Linear regression (d = 4, 250 rows), 5 agents on a ring, 16 chains, fixed step 0
 step per iteration; ``s`` mixing rounds and the flooded decision make ``2 s + 2`` exchanges per
 iteration (the ring's diameter is 2). Three ways to run the same iteration:
 
-* the vectorised loop over agents and chains (:func:`fedbayes_flwr.dhmc_loop.simulate`);
+* the vectorised loop over agents and chains (:func:`fedbayes_flwr.algorithms.dhmc.loop.simulate`);
 * the generic in-process engine with the bundle (one client step per agent per exchange);
 * Flower's Simulation Engine (``run_simulation.py --engine simulation``), every agent its own
   actor, with the empty-exchange probe (``benchmarks/empty_exchange.py``) timed in the same run
@@ -28,11 +28,11 @@ import common  # noqa: F401  (environment, sys.path)
 import numpy as np
 from common import argument_parser, flower_run, resolve_common_args, start, timed_run
 
-from fedbayes_flwr import gossip
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.dhmc_loop import simulate
-from fedbayes_flwr.experiment import build_experiment
-from fedbayes_flwr.posterior import SamplePosterior
+from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+from fedbayes_flwr.algorithms.dhmc.loop import simulate
+from fedbayes_flwr.inference.posterior import SamplePosterior
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 AGENTS, CHAINS, STEP = 5, 16, 0.04
 KEYS = {"algorithm": "dhmc", "model": "linear-regression", "dataset": "synthetic",
@@ -42,7 +42,7 @@ KEYS = {"algorithm": "dhmc", "model": "linear-regression", "dataset": "synthetic
 
 
 def loop_run(iterations: int, rounds: int) -> dict:
-    from fedbayes_flwr.algorithms.dhmc import initial_position, local_potential
+    from fedbayes_flwr.algorithms.dhmc.bundle import initial_position, local_potential
 
     exp = build_experiment(parse_run_config({**KEYS, "num-clients": AGENTS,
                                              "output-dir": "unused"}))

@@ -48,11 +48,11 @@ def one(job):
     name, overrides, seed = job
     import warnings
 
-    from fedbayes_flwr import gaussian as G
     from fedbayes_flwr import models
-    from fedbayes_flwr.config import parse_run_config
-    from fedbayes_flwr.engine import iterate_in_process
-    from fedbayes_flwr.experiment import build_experiment
+    from fedbayes_flwr.inference import gaussian as G
+    from fedbayes_flwr.runtime.config import parse_run_config
+    from fedbayes_flwr.runtime.engine import iterate_in_process
+    from fedbayes_flwr.runtime.experiment import build_experiment
 
     cfg = {**BASE, **overrides, "seed": seed}
     with warnings.catch_warnings():

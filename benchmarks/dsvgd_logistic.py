@@ -28,7 +28,7 @@ import numpy as np
 
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.data import load_dataset
-from fedbayes_flwr.plots import plot_curves
+from fedbayes_flwr.evaluation.plots import plot_curves
 
 FEDERATED = ("dsvgd", "u-dsvgd", "dsgld", "fedavg-paper", "fedavg")
 CENTRAL = ("svgd", "sgld")

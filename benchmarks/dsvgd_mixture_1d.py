@@ -68,11 +68,11 @@ def run(name: str, overrides: dict, rounds: int, particles: int, seed: int,
     """
     import warnings
 
-    from fedbayes_flwr import metrics as M
-    from fedbayes_flwr.config import parse_run_config
-    from fedbayes_flwr.engine import iterate_in_process
-    from fedbayes_flwr.experiment import build_experiment
-    from fedbayes_flwr.posterior import SamplePosterior
+    from fedbayes_flwr.evaluation import metrics as M
+    from fedbayes_flwr.inference.posterior import SamplePosterior
+    from fedbayes_flwr.runtime.config import parse_run_config
+    from fedbayes_flwr.runtime.engine import iterate_in_process
+    from fedbayes_flwr.runtime.experiment import build_experiment
 
     cfg = {**BASE, **overrides, "num-rounds": rounds, "seed": seed}
     if overrides["algorithm"] in ("dsvgd", "u-dsvgd", "svgd"):
@@ -111,7 +111,7 @@ def plot_kdes(path, grid, rows, densities, rounds):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedbayes_flwr import metrics as M
+    from fedbayes_flwr.evaluation import metrics as M
 
     opt = M.mixture_1d_optimal_density(rows, grid)
     shown = [r for r in SHOW_ROUNDS if r <= rounds]

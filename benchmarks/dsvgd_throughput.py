@@ -22,8 +22,8 @@ import sys
 import common
 import numpy as np
 
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import run_in_process
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
 
 
 def settings(rounds: int, iterations: int, seed: int) -> dict:

@@ -2,8 +2,8 @@
 
 Loaded with ``algorithm-modules=benchmarks.eager_imports`` (it registers nothing):
 ``benchmarks/deployment_split.py`` uses it, with the node-local partition cache off, to measure
-the "before" column. Importing ``fedbayes_flwr.algorithms.pvi`` used to import
-``fedbayes_flwr.vi`` and with it TensorFlow (the per-message data loading and splitting of
+the "before" column. Importing ``fedbayes_flwr.algorithms.pvi.bundle`` used to import
+``fedbayes_flwr.inference.vi`` and with it TensorFlow (the per-message data loading and splitting of
 "before" is the cache being off).
 """
 

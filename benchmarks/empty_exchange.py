@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Request, StepInfo
-from fedbayes_flwr.posterior import GaussianPosterior
+from fedbayes_flwr.inference.posterior import GaussianPosterior
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ are unused) with 5 standard normal features and labels ``Bernoulli(sigmoid(x.w +
 ``w, b ~ N(0, 1)``; with the intercept (the model's last coordinate) ``d = 6``, the paper's
 ``N = 1000, d = 6``. Prior ``N(0, I)`` (the paper's). The rows are split into ``M`` consecutive
 shards (``numpy.array_split``), worker ``m`` holding its rows' negative log-likelihood with the
-standard Zig-Zag logistic bounds (:class:`fedbayes_flwr.pdmp.potentials.Logistic`, thinning);
+standard Zig-Zag logistic bounds (:class:`fedbayes_flwr.inference.potentials.Logistic`, thinning);
 the server holds the prior (exact events). No refreshment.
 
-**Reference.** NUTS (:func:`fedbayes_flwr.reference.nuts_reference`: ``tfp.mcmc`` NUTS with
+**Reference.** NUTS (:func:`fedbayes_flwr.evaluation.reference.nuts_reference`: ``tfp.mcmc`` NUTS with
 dual-averaging step size, target acceptance 0.8) on the same posterior with the model's own
 TensorFlow log density: 8 chains x 5,000 draws after 2,000 warm-up (``--ref-chains``,
 ``--ref-draws``), cached on disk (``--cache-dir``, default ``$FEDBAYES_CACHE/reference`` or
@@ -20,17 +20,17 @@ TensorFlow log density: 8 chains x 5,000 draws after 2,000 warm-up (``--ref-chai
 **Runs.** For each ``M`` (``--workers``, default 1 2 4 8 16): ``--runs`` (20) independent Fed
 Zig-Zag runs up to process time ``T = 100`` (``--process-time``, the paper's), burn-in 10
 (``--burn-in``, excluded: its events and gradients are not counted either), sampled every 0.1
-(``--delta``). The runs are independent chains of one :func:`~fedbayes_flwr.pdmp.driver.simulate`
+(``--delta``). The runs are independent chains of one :func:`~fedbayes_flwr.algorithms.pdmc.driver.simulate`
 call (its chains share nothing but the loop; each starts from its own ``N(0, I)`` draw with a
 uniform velocity and has its own randomness), on one data set as in the paper.
 
 Per run: the marginal W1 of each coordinate to the reference
-(:func:`~fedbayes_flwr.reference.marginal_w1`), the run's ESS (``tfp.mcmc``, one chain) and the
-**bound** (:func:`~fedbayes_flwr.reference.w1_bound`): 3x the 99th percentile, over 200 repeats,
+(:func:`~fedbayes_flwr.evaluation.reference.marginal_w1`), the run's ESS (``tfp.mcmc``, one chain) and the
+**bound** (:func:`~fedbayes_flwr.evaluation.reference.w1_bound`): 3x the 99th percentile, over 200 repeats,
 of the W1 between as many i.i.d. reference draws as the run's ESS in that coordinate and the rest
 of the reference (the factor: W1 weighs the whole marginal, the ESS is the mean's and is itself
 estimated; 3x on W1 tolerates an effective size 9x smaller than the ESS; see
-:mod:`fedbayes_flwr.reference`). The 20 runs pooled are also compared, with their pooled ESS:
+:mod:`fedbayes_flwr.evaluation.reference`). The 20 runs pooled are also compared, with their pooled ESS:
 a tighter check of bias. Per ``M``: events per unit time, ESS (mean over coordinates) per event,
 per full-data gradient and per gradient of the busiest worker (a worker's gradient at one point
 counts its ``n_m`` rows; "full-data" = all workers' over ``N``, the sequential cost; "busiest" =
@@ -85,12 +85,12 @@ def load_data(seed: int):
 
 
 def run_workers(m: int, x, y, ref_draws, args) -> tuple[list[dict], dict]:
+    from fedbayes_flwr.algorithms.pdmc import sampler as S
+    from fedbayes_flwr.algorithms.pdmc.driver import simulate
+    from fedbayes_flwr.evaluation.reference import marginal_w1, w1_bound, w1_noise_floor
+    from fedbayes_flwr.inference import potentials as P
+    from fedbayes_flwr.inference.posterior import SamplePosterior
     from fedbayes_flwr.models import make_model
-    from fedbayes_flwr.pdmp import potentials as P
-    from fedbayes_flwr.pdmp import sampler as S
-    from fedbayes_flwr.pdmp.driver import simulate
-    from fedbayes_flwr.posterior import SamplePosterior
-    from fedbayes_flwr.reference import marginal_w1, w1_bound, w1_noise_floor
 
     model = make_model("logistic-regression")
     workers = [Counted(model.pdmp_potential(xs, ys), len(xs))
@@ -289,8 +289,8 @@ def main():
     if not 0 <= args.burn_in < args.process_time:
         raise SystemExit("--burn-in must be in [0, --process-time)")
 
+    from fedbayes_flwr.evaluation.reference import nuts_reference
     from fedbayes_flwr.models import make_model
-    from fedbayes_flwr.reference import nuts_reference
 
     x, y = load_data(args.data_seed)
     results = common.start(NAME, args, {"runs": [], "pooled": []}, data_seed=args.data_seed,

@@ -6,7 +6,7 @@ Model (the paper's): ``N = 50`` observations ``y_n ~ N(mu, alpha^2 I_d)`` with `
 refreshment), so the posterior is ``N(ybar, alpha^2 I / N)``. The rows are split into ``M``
 consecutive equal shards (``numpy.array_split``; ``M`` divides 50), worker ``m`` holding
 ``U_m(x) = sum_{n in m} |y_n - x|^2 / (2 alpha^2)`` (exact affine rates, no thinning). Fed Zig-Zag
-through :func:`fedbayes_flwr.pdmp.driver.simulate`.
+through :func:`fedbayes_flwr.algorithms.pdmc.driver.simulate`.
 
 **Theory** (Section 4.1): under the posterior, with ``v`` uniform, worker ``m``'s rate on
 coordinate ``i`` is ``(v_i n_m (x_i - ybar_mi) / alpha^2)^+`` and ``x_i - ybar_mi`` is, over the
@@ -25,7 +25,7 @@ chains (``--chains``, 16) from ``x = 0`` with uniform velocities. Each chain run
 * the mean switching rate: events after burn-in per chain per unit time (mean and spread over
   runs), with the theory and the per-run conditional theory; the exponent is the least-squares
   slope of ``log(mean rate)`` on ``log M`` (also per run, and with its standard error);
-* ESS (``tfp.mcmc`` through :class:`fedbayes_flwr.posterior.SamplePosterior`, the run's chains
+* ESS (``tfp.mcmc`` through :class:`fedbayes_flwr.inference.posterior.SamplePosterior`, the run's chains
   pooled, mean over coordinates), and ESS per event, per full-data gradient and per gradient of
   the busiest worker (Remark 4.1, Fig. 2). A worker's gradient evaluation at one point counts
   ``n_m`` data-point gradients (what evaluating it from its rows costs; the library's quadratic
@@ -126,10 +126,10 @@ def conditional_rate(y: np.ndarray, m: int) -> float:
 
 
 def run_one(m: int, r: int, args) -> dict:
-    from fedbayes_flwr.pdmp import potentials as P
-    from fedbayes_flwr.pdmp import sampler as S
-    from fedbayes_flwr.pdmp.driver import simulate
-    from fedbayes_flwr.posterior import SamplePosterior
+    from fedbayes_flwr.algorithms.pdmc import sampler as S
+    from fedbayes_flwr.algorithms.pdmc.driver import simulate
+    from fedbayes_flwr.inference import potentials as P
+    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     y = MU0 + ALPHA * np.random.default_rng([args.seed, r]).standard_normal((N, D))
     workers = [Counted(P.gaussian_mean_potential(shard, ALPHA**2), len(shard))

@@ -3,8 +3,8 @@
 Zig-Zag on the paper's Gaussian example (``gaussian-mean``, d = 10, N = 50 rows, flat prior), M
 workers, K chains advanced by one exchange per event:
 
-* in-process, the vectorised event loop (:func:`fedbayes_flwr.pdmp.driver.simulate`) and the
-  generic engine with the bundle (:func:`fedbayes_flwr.engine.run_in_process`), K = 1 and 64,
+* in-process, the vectorised event loop (:func:`fedbayes_flwr.algorithms.pdmc.driver.simulate`) and the
+  generic engine with the bundle (:func:`fedbayes_flwr.runtime.engine.run_in_process`), K = 1 and 64,
   M = 4 and 10;
 * through Flower's Simulation Engine (``run_simulation.py --engine simulation``), K = 64, M = 4
   and 10, with the time of an (almost) empty exchange to M nodes measured in the same run:
@@ -33,9 +33,9 @@ import common  # noqa: F401  (environment, sys.path)
 import numpy as np
 from common import argument_parser, flower_run, per_exchange, resolve_common_args, start
 
-from fedbayes_flwr.pdmp import potentials as P
-from fedbayes_flwr.pdmp import sampler as S
-from fedbayes_flwr.pdmp.driver import simulate
+from fedbayes_flwr.algorithms.pdmc import sampler as S
+from fedbayes_flwr.algorithms.pdmc.driver import simulate
+from fedbayes_flwr.inference import potentials as P
 
 D, N = 10, 50
 DATA_KEYS = {"model": "gaussian-mean", "dataset": "synthetic", "synthetic-dim": D,

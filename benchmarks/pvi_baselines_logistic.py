@@ -47,8 +47,8 @@ import sys
 import common  # first: environment and sys.path
 import numpy as np
 
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 NAME = "pvi_baselines_logistic"
 NUM_CLIENTS = common.NUM_CLIENTS
@@ -57,7 +57,7 @@ ACCEPTANCE_PARTITION = "dirichlet-0.1"
 ADAM = common.ADAM
 # name -> (algorithm, run-config overrides, rounds as a multiple of R (None: the algorithm's preset
 # fixes them), client updates per round). Damping and schedule of the baselines are fixed by the
-# presets in fedbayes_flwr.algorithms.pvi (PRESETS); only what the preset leaves free is set here.
+# presets in fedbayes_flwr.algorithms.pvi.bundle (PRESETS); only what the preset leaves free is set here.
 # PVI's keys are given bare: they resolve to the pvi section (pvi.damping, ...).
 METHODS = {
     "pvi-sync": ("pvi", {"schedule": "synchronous", "damping": 0.5, **ADAM}, 1, NUM_CLIENTS),

@@ -15,13 +15,13 @@ with three different local-solve seeds and measures
 
 A delta that seeds agree on (cosine near 1) and along which the free energy falls from ``s = 0``
 is a consistent descent direction, not Monte-Carlo noise: a monotone rule stops there for good,
-which is why ``pvi.nonmonotone`` exists (:func:`fedbayes_flwr.algorithms.pvi.nonmonotone_index`).
+which is why ``pvi.nonmonotone`` exists (:func:`fedbayes_flwr.algorithms.pvi.bundle.nonmonotone_index`).
 
 It then measures the same profile along the combined delta of *proximal* local solves
 (``pvi.proximal``, weights ``beta`` in :data:`BETAS`, the first seed's local-solve seeds): the
 clients' changes of infinitesimal local steps add up to the global natural gradient, those of
 full local solves need not, and a KL-proximal term pulls each change toward its local natural
-gradient (:func:`fedbayes_flwr.algorithms.pvi.undamped_change`). If the free energy rises along
+gradient (:func:`fedbayes_flwr.algorithms.pvi.bundle.undamped_change`). If the free energy rises along
 the proximal deltas where it falls along the plain one, ``proximal = auto`` (switched on by the
 first stalled round) is what un-stalls the run.
 
@@ -40,15 +40,15 @@ import numpy as np
 import tensorflow as tf
 from pvi_damping import BNN
 
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr.algorithms import pvi
-from fedbayes_flwr.algorithms import pvi_step as S
 from fedbayes_flwr.algorithms.base import client_seed
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import iterate_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.algorithms.pvi import bundle as pvi
+from fedbayes_flwr.algorithms.pvi import step as S
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import GaussianPosterior
 from fedbayes_flwr.models.base import _data_tensors
-from fedbayes_flwr.posterior import GaussianPosterior
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 NAME = "pvi_bnn_stall"
 SETTING = {**BNN, "seed": 0, "pvi.step-rule": "safe", "pvi.step-memory": True,

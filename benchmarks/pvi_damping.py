@@ -9,7 +9,7 @@ and ``auto`` + Anderson acceleration. It also records whether the free energy ev
 the step rule's relative tolerance 1e-6) and whether the run diverged (means more than 3 sd
 off at the end), plus bytes and free-energy evaluations per client. The reference is global VI
 (one client with the pooled data) with the same solver, whose local solve stops at a residual
-of 1e-8 (:func:`fedbayes_flwr.vi.solve_local`): a converged reference, so the table measures
+of 1e-8 (:func:`fedbayes_flwr.inference.vi.solve_local`): a converged reference, so the table measures
 the damping, not the optimiser.
 
 Part 2, the digits BNN on the pathological split (two digits per client), synchronous PVI for
@@ -41,11 +41,11 @@ import time
 import common  # first: environment and sys.path
 import numpy as np
 
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import iterate_in_process
-from fedbayes_flwr.experiment import build_experiment
-from fedbayes_flwr.plots import plot_curves
+from fedbayes_flwr.evaluation.plots import plot_curves
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 NAME = "pvi_damping"
 LOGISTIC = {"model": "logistic-regression", "dataset": "breast-cancer", "num-clients": 10,

@@ -43,7 +43,7 @@ import time
 import common  # first: environment and sys.path
 import numpy as np
 
-from fedbayes_flwr.plots import plot_curves
+from fedbayes_flwr.evaluation.plots import plot_curves
 
 NAME = "pvi_vs_global_vi"
 NUM_CLIENTS = common.NUM_CLIENTS

@@ -11,7 +11,7 @@ explicit settings in, for ``flwr.simulation.run_simulation`` whose run config is
 
 Node config (``flower-supernode --node-config``): ``partition-id``, ``num-partitions``, and the
 node-local ``data`` (its own data file), ``client-delay`` and ``cache-dir`` (a directory where the
-node keeps its prepared partition between messages: :mod:`fedbayes_flwr.partition_cache`; a
+node keeps its prepared partition between messages: :mod:`fedbayes_flwr.runtime.partition_cache`; a
 deployed ClientApp is a new process per message). With ``FEDBAYES_TIMING_LOG`` set in the
 SuperNode's environment, each message appends one JSON line of timestamps there (process start,
 app import, data ready, reply ready: ``benchmarks/deployment_split.py``).
@@ -33,8 +33,8 @@ from flwr.clientapp import ClientApp
 
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.algorithms.base import CATEGORIES
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.experiment import Experiment, build_experiment
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.experiment import Experiment, build_experiment
 
 from .handler import handle
 
@@ -70,7 +70,7 @@ class BundleClientApp(ClientApp):
             config = config.replace(client_delay=float(context.node_config["client-delay"]))
         cache_dir = str(context.node_config.get("cache-dir", ""))
         if cache_dir and partition_id is not None:  # prepared once per node, then loaded
-            from fedbayes_flwr.partition_cache import client_experiment
+            from fedbayes_flwr.runtime.partition_cache import client_experiment
 
             return client_experiment(config, partition_id, os.path.expanduser(cache_dir))
         return build_experiment(config)

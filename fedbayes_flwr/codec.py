@@ -21,7 +21,7 @@ import math
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from .validation import check_message
+from fedbayes_flwr.runtime.validation import check_message
 
 SCHEMA_VERSION = 1
 _ARRAYS, _CONFIG = "arrays", "config"
@@ -99,7 +99,7 @@ def decode(content: RecordDict, kind: str, template, allow_inf: frozenset | tupl
     """Rebuild a message of ``type(template)`` from ``content``, validating every field.
 
     Presence and scalar types are checked here; shape, dtype and finiteness by the library's
-    pure :func:`fedbayes_flwr.validation.check_message` (the in-process engine runs the same
+    pure :func:`fedbayes_flwr.runtime.validation.check_message` (the in-process engine runs the same
     check), with infinities allowed in the ``allow_inf`` fields.
 
     Raises

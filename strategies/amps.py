@@ -1,7 +1,7 @@
 """AMPSStrategy: one-shot merging of clients' mean-field posteriors as a Flower strategy (a thin
 class over the generic :class:`strategies.base.BundleStrategy`). Transport only: the local fits
-and the merge live in :mod:`fedbayes_flwr.algorithms.amps`, :mod:`fedbayes_flwr.vb` and
-:mod:`fedbayes_flwr.amps`.
+and the merge live in :mod:`fedbayes_flwr.algorithms.amps.bundle`, :mod:`fedbayes_flwr.inference.vb` and
+:mod:`fedbayes_flwr.algorithms.amps.merge`.
 
 Use from another Flower app::
 
@@ -10,7 +10,7 @@ Use from another Flower app::
     model = make_model("gmm", noise_scale=0.3)
     strategy = AMPSStrategy(model, num_features=1, num_clients=10, prior_scale=2 ** 0.5)
     strategy.start(grid, num_rounds=1)
-    strategy.posterior  # a fedbayes_flwr.posterior.StructuredPosterior of the merge
+    strategy.posterior  # a fedbayes_flwr.inference.posterior.StructuredPosterior of the merge
 
 One round: every client receives the prior, fits its local posterior and sends its natural
 parameters once (``latent-feature`` first answers one query with its data moments, from which

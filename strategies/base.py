@@ -3,7 +3,7 @@
 :class:`BundleStrategy` owns what every family needs from Flower: the node <-> partition map
 (asked once, :func:`strategies.nodes.partition_map`), encoding requests and decoding replies
 (:mod:`fedbayes_flwr.codec`), validating them with the library's own
-:func:`fedbayes_flwr.engine.judge` (the in-process engine runs the same check), logging and
+:func:`fedbayes_flwr.runtime.engine.judge` (the in-process engine runs the same check), logging and
 counting rejections, byte accounting, the failure policy, and recording at evaluation points.
 Its :meth:`BundleStrategy.start` drives ``barrier`` and ``apply-on-arrival`` bundles through
 :mod:`strategies.drivers`; checkpoints, resume and nodes that lost their client state are
@@ -29,9 +29,9 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, failure_policy, round_seed
-from fedbayes_flwr.checkpoint import STATE_LOST, VERSION_KEY
-from fedbayes_flwr.config import section_items
-from fedbayes_flwr.engine import (
+from fedbayes_flwr.runtime.checkpoint import STATE_LOST, VERSION_KEY
+from fedbayes_flwr.runtime.config import section_items
+from fedbayes_flwr.runtime.engine import (
     RoundLog,
     RunStopped,
     Tally,
@@ -42,7 +42,7 @@ from fedbayes_flwr.engine import (
     stop_on_failure,
     timed_out,
 )
-from fedbayes_flwr.experiment import EXPECT, MISMATCH, fingerprint, payload_nbytes
+from fedbayes_flwr.runtime.experiment import EXPECT, MISMATCH, fingerprint, payload_nbytes
 
 from . import checkpointing as ckpt_flower
 from .drivers import run_barrier, run_on_arrival, send_and_receive
@@ -119,7 +119,7 @@ class BundleStrategy(Strategy):
     # ------------------------------------------------------------------ helpers
     @property
     def posterior(self):
-        """The current posterior (:class:`fedbayes_flwr.posterior.Posterior`)."""
+        """The current posterior (:class:`fedbayes_flwr.inference.posterior.Posterior`)."""
         return self.bundle.posterior(self.state, self.setup)
 
     def posterior_arrays(self) -> ArrayRecord:
@@ -274,7 +274,7 @@ class BundleStrategy(Strategy):
         ``self.round_logs[update]`` holding what happened since the previous one.
 
         ``timeout`` (seconds, default ``round_timeout``) bounds every exchange and is each
-        message's time-to-live. Raises :class:`fedbayes_flwr.engine.RunStopped` when a
+        message's time-to-live. Raises :class:`fedbayes_flwr.runtime.engine.RunStopped` when a
         ``stop``-policy bundle fails.
         """
         if timeout is not None:
@@ -318,7 +318,7 @@ class BundleStrategy(Strategy):
         return self.outcome is not None
 
     def resume(self, ckpt) -> None:
-        """Continue the run stored in ``ckpt`` (a :class:`fedbayes_flwr.checkpoint.Checkpoint`):
+        """Continue the run stored in ``ckpt`` (a :class:`fedbayes_flwr.runtime.checkpoint.Checkpoint`):
         its server state and update number now; its client states are sent to the partitions
         when :meth:`start` begins (:func:`strategies.checkpointing.resume`)."""
         ckpt_flower.resume(self, ckpt)

@@ -6,7 +6,7 @@ particles, decentralized HMC's agents):
 
 * at every checkpoint (after each history row) the server asks every partition for its state
   and version (``client-state.get``) and stores them in the checkpoint with its own state
-  (:mod:`fedbayes_flwr.checkpoint`); a checkpoint is written whole or not at all: if a
+  (:mod:`fedbayes_flwr.runtime.checkpoint`); a checkpoint is written whole or not at all: if a
   partition does not answer, the previous checkpoint stays. Asynchronous runs ask a node that
   is busy at the checkpointed update once its in-flight reply has been applied
   (:func:`snapshot_idle`), never while it computes;
@@ -14,7 +14,7 @@ particles, decentralized HMC's agents):
   the first exchange;
 * every request carries the version the server last saw from the partition (the number of
   requests its node has answered); a node holding an older one (it lost its state) refuses
-  with :data:`fedbayes_flwr.checkpoint.STATE_LOST` instead of answering from a fresh state
+  with :data:`fedbayes_flwr.runtime.checkpoint.STATE_LOST` instead of answering from a fresh state
   (PVI would count its data twice). The server then puts back its last checkpointed state if
   that is the version the node should hold (the node restarted between a checkpoint and its
   next request); otherwise the partition is left out of the rest of the run (its requests are
@@ -33,7 +33,7 @@ from flwr.common import log
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection
-from fedbayes_flwr.checkpoint import (
+from fedbayes_flwr.runtime.checkpoint import (
     STATE_GET,
     STATE_LOST,
     STATE_PUT,
@@ -43,8 +43,8 @@ from fedbayes_flwr.checkpoint import (
     check_fits,
     is_stateful,
 )
-from fedbayes_flwr.engine import RunStopped, check_stop
-from fedbayes_flwr.experiment import EXPECT
+from fedbayes_flwr.runtime.engine import RunStopped, check_stop
+from fedbayes_flwr.runtime.experiment import EXPECT
 
 POLL_S = 0.01
 
@@ -177,7 +177,7 @@ def put(strategy, grid, pids, states, versions) -> list[int]:
 
 # ------------------------------------------------------------------ the strategy's side
 def resume(strategy, ckpt) -> None:
-    """Continue the run stored in ``ckpt`` (a :class:`fedbayes_flwr.checkpoint.Checkpoint`):
+    """Continue the run stored in ``ckpt`` (a :class:`fedbayes_flwr.runtime.checkpoint.Checkpoint`):
     its server state and update number now; its client states are sent to the partitions
     when the strategy starts (:func:`restore_clients`)."""
     check_fits(ckpt, strategy.bundle.name, strategy.state)
@@ -240,7 +240,7 @@ def snapshot_idle(strategy) -> None:
 
 def restore_clients(strategy, grid) -> None:
     """Resume: send every live partition its stored client state before the first exchange;
-    raise :class:`fedbayes_flwr.engine.RunStopped` naming those that did not take it."""
+    raise :class:`fedbayes_flwr.runtime.engine.RunStopped` naming those that did not take it."""
     states, versions = strategy._stored
     pids = [p for p in range(strategy.num_clients) if p not in strategy.dead]
     done = put(strategy, grid, pids, states, versions)

@@ -1,8 +1,8 @@
 """DecentralizedHMCStrategy: decentralized Metropolis-adjusted HMC over a peer graph, as a Flower
 strategy (a thin class over :class:`strategies.base.BundleStrategy`). Flower's star carries the
 gossip: each request holds an agent exactly its graph neighbours' last messages
-(:class:`strategies.gossip.GossipRouter`); the maths is in :mod:`fedbayes_flwr.dhmc` and the
-protocol in :mod:`fedbayes_flwr.algorithms.dhmc`.
+(:class:`strategies.gossip.GossipRouter`); the maths is in :mod:`fedbayes_flwr.algorithms.dhmc.agents` and the
+protocol in :mod:`fedbayes_flwr.algorithms.dhmc.bundle`.
 
 Use from another Flower app::
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from fedbayes_flwr.algorithms.base import Setup
 from fedbayes_flwr.algorithms.dhmc import BUNDLE, DHMCConfig
-from fedbayes_flwr.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
 
 from .base import BundleStrategy
 

@@ -1,13 +1,13 @@
 """DSVGDStrategy: distributed Stein variational gradient descent as a Flower strategy (a thin
 class over the generic :class:`strategies.base.BundleStrategy`). Transport only: every update
-rule lives in :mod:`fedbayes_flwr.algorithms.dsvgd`.
+rule lives in :mod:`fedbayes_flwr.algorithms.dsvgd.bundle`.
 
 Use from another Flower app::
 
     from strategies import DSVGDStrategy
     strategy = DSVGDStrategy(prior, model, num_clients=10, run_seed=0)
     strategy.start(grid, num_rounds=20)
-    strategy.posterior  # a fedbayes_flwr.posterior.SamplePosterior of the global particles
+    strategy.posterior  # a fedbayes_flwr.inference.posterior.SamplePosterior of the global particles
 
 Each round the server sends its ``N x d`` particles to the scheduled client(s) and takes back
 their new global particles; clients keep their factor (distilled local particles, or U-DSVGD's
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from fedbayes_flwr.algorithms.base import Setup
 from fedbayes_flwr.algorithms.dsvgd import BUNDLE, DSVGDConfig
-from fedbayes_flwr.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
 
 from .base import BundleStrategy
 

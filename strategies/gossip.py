@@ -3,7 +3,7 @@
 The server never aggregates: for each exchange it gives every agent exactly its graph
 neighbours' last broadcasts (padded to the largest degree, sender id ``-1`` for padding) and its
 row of the mixing matrix. Decentralized bundles build their requests with the same library
-function (:func:`fedbayes_flwr.algorithms.routing.padded_inboxes`), so the in-process engine and
+function (:func:`fedbayes_flwr.algorithms.decentralized.routing.padded_inboxes`), so the in-process engine and
 Flower route identically; this class is the entry point for Flower apps that route their own
 messages.
 
@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedbayes_flwr.algorithms.routing import padded_inboxes
-from fedbayes_flwr.gossip import Graph, make_graph, metropolis_weights
+from fedbayes_flwr.algorithms.decentralized.graphs import Graph, make_graph, metropolis_weights
+from fedbayes_flwr.algorithms.decentralized.routing import padded_inboxes
 
 
 class GossipRouter:
-    """Route agents' broadcasts over ``graph`` (a :class:`fedbayes_flwr.gossip.Graph` or a
-    :func:`fedbayes_flwr.gossip.make_graph` spec with ``num_agents`` and ``seed``)."""
+    """Route agents' broadcasts over ``graph`` (a
+    :class:`fedbayes_flwr.algorithms.decentralized.graphs.Graph` or a
+    :func:`fedbayes_flwr.algorithms.decentralized.graphs.make_graph` spec with ``num_agents`` and
+    ``seed``)."""
 
     def __init__(self, graph: Graph | str, num_agents: int | None = None, seed: int = 0):
         if isinstance(graph, str):

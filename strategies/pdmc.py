@@ -1,6 +1,6 @@
 """PDMCStrategy: federated Zig-Zag / bouncy particle samplers as a Flower strategy (a thin class
 over the generic :class:`strategies.base.BundleStrategy`). Transport only: the samplers live in
-:mod:`fedbayes_flwr.pdmp` and the protocol in :mod:`fedbayes_flwr.algorithms.pdmc`.
+:mod:`fedbayes_flwr.pdmp` and the protocol in :mod:`fedbayes_flwr.algorithms.pdmc.bundle`.
 
 Use from another Flower app::
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from fedbayes_flwr.algorithms.base import Setup
 from fedbayes_flwr.algorithms.pdmc import BUNDLE, PDMCConfig
-from fedbayes_flwr.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
 
 from .base import BundleStrategy
 

@@ -1,13 +1,13 @@
 """PVIStrategy: partitioned variational inference as a Flower strategy (a thin class over the
 generic :class:`strategies.base.BundleStrategy`). Transport only: every update rule lives in
-:mod:`fedbayes_flwr.algorithms.pvi`.
+:mod:`fedbayes_flwr.algorithms.pvi.bundle`.
 
 Use from another Flower app::
 
     from strategies import PVIStrategy
     strategy = PVIStrategy(prior, num_clients=10, run_seed=0)
     strategy.start(grid, num_rounds=10)
-    strategy.posterior  # a fedbayes_flwr.posterior.GaussianPosterior
+    strategy.posterior  # a fedbayes_flwr.inference.posterior.GaussianPosterior
 
 The schedule (``PVIConfig.schedule``) picks the driver: synchronous and sequential PVI run in
 barrier exchanges (train, then the free-energy query at evaluation points); asynchronous PVI
@@ -25,7 +25,7 @@ import dataclasses
 
 from fedbayes_flwr.algorithms.base import Setup
 from fedbayes_flwr.algorithms.pvi import BUNDLE, PVIConfig
-from fedbayes_flwr.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
 
 from .base import BundleStrategy
 

@@ -16,11 +16,11 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
-from fedbayes_flwr.checkpoint import resumed
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import Interrupted, RunStopped
-from fedbayes_flwr.experiment import build_experiment
-from fedbayes_flwr.recorder import Recorder
+from fedbayes_flwr.runtime.checkpoint import resumed
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import Interrupted, RunStopped
+from fedbayes_flwr.runtime.experiment import build_experiment
+from fedbayes_flwr.runtime.recorder import Recorder
 
 from .base import BundleStrategy
 
@@ -46,10 +46,10 @@ def make_server_app(overrides: dict | None = None, engine: str | None = None,
     """A ServerApp whose run config is ``context.run_config`` updated by ``overrides``.
 
     A checkpoint is written to ``output-dir`` after every history row
-    (:mod:`fedbayes_flwr.checkpoint`); the run-config key ``resume`` (a stored run's
+    (:mod:`fedbayes_flwr.runtime.checkpoint`); the run-config key ``resume`` (a stored run's
     directory) continues the run stored there (its server state, history, and each
     partition's client state, sent back to the nodes), in that directory
-    (:func:`fedbayes_flwr.checkpoint.resumed`).
+    (:func:`fedbayes_flwr.runtime.checkpoint.resumed`).
 
     ``engine`` is what ``result.json`` records; ``None`` (the default) reads it off the Grid
     (:func:`engine_of`).

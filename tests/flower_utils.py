@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedbayes_flwr import processes
+from fedbayes_flwr.deploy import watchdog as processes
 
 REPO = Path(__file__).resolve().parents[1]
 APP_ITEMS = ("pyproject.toml", "README.md", "fedbayes_flwr", "strategies", "clients")
@@ -292,7 +292,7 @@ class LoopbackGrid:
 
         from clients.handler import handle
         from fedbayes_flwr import codec
-        from fedbayes_flwr.faults import InjectedFault
+        from fedbayes_flwr.runtime.faults import InjectedFault
 
         ids = []
         for m in messages:

@@ -11,16 +11,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbayes_flwr import amps, expfam
-from fedbayes_flwr.algorithms.amps import BUNDLE, Up
+from fedbayes_flwr.algorithms.amps import merge as amps
+from fedbayes_flwr.algorithms.amps.bundle import BUNDLE, Up
 from fedbayes_flwr.algorithms.base import Rejection
-from fedbayes_flwr.config import parse_run_config
 from fedbayes_flwr.data.amps_sets import MIXTURE_MEANS, paper_mixture
-from fedbayes_flwr.engine import iterate_in_process, judge, run_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.inference import expfam
+from fedbayes_flwr.inference.vb.gaussian_vector import to_natural
+from fedbayes_flwr.inference.vb.gmm import GMM
 from fedbayes_flwr.models import exact_posterior
-from fedbayes_flwr.vb.gaussian_vector import to_natural
-from fedbayes_flwr.vb.gmm import GMM
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process, judge, run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 PAPER = GMM(3, 1, noise_var=0.09, prior_var=2.0, concentration=1.0)
 GMM_RUN = {"algorithm": "amps", "model": "gmm", "dataset": "amps-mixture", "num-clients": 10,
@@ -243,7 +244,7 @@ def test_lda_rejects_data_that_are_not_counts():
 def test_structured_posterior_interface():
     rng = np.random.default_rng(3)
     fit = PAPER.fit(paper_mixture(rng, 30), PAPER.prior(), rng, restarts=2)
-    from fedbayes_flwr.posterior import StructuredPosterior
+    from fedbayes_flwr.inference.posterior import StructuredPosterior
 
     post = StructuredPosterior(fit.params, PAPER)
     assert post.dim == 6 and post.mean().shape == (6,) and post.std().shape == (6,)

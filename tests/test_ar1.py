@@ -14,17 +14,17 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr.config import parse_run_config
+from fedbayes_flwr.algorithms.pdmc import sampler as S
+from fedbayes_flwr.algorithms.pdmc.driver import simulate
 from fedbayes_flwr.data import load_dataset
 from fedbayes_flwr.data.synthetic import AR1_C, AR1_NU, AR1_X, GENERATORS
-from fedbayes_flwr.engine import run_in_process
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference import potentials as P
+from fedbayes_flwr.inference.posterior import GaussianPosterior, SamplePosterior
+from fedbayes_flwr.inference.student_t import StudentTAR1
 from fedbayes_flwr.models import AR1StudentT, make_model
-from fedbayes_flwr.pdmp import potentials as P
-from fedbayes_flwr.pdmp import sampler as S
-from fedbayes_flwr.pdmp.driver import simulate
-from fedbayes_flwr.pdmp.student_t import StudentTAR1
-from fedbayes_flwr.posterior import GaussianPosterior, SamplePosterior
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
 
 NU = AR1StudentT.NU
 K_STEPS = 20  # points per trajectory

@@ -7,11 +7,11 @@ import tensorflow as tf
 from numpy_nets import numpy_forward
 from scipy.special import log_softmax
 
-from fedbayes_flwr.config import ConfigError, parse_run_config
-from fedbayes_flwr.engine import iterate_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.inference.posterior import GaussianPosterior
 from fedbayes_flwr.models import BNNClassifier, BNNRegression, parse_hidden
-from fedbayes_flwr.posterior import GaussianPosterior
+from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 
 @pytest.mark.parametrize("hidden", [(), (4,), (5, 3)])
@@ -51,7 +51,7 @@ BNN = {"model": "bnn-classifier", "dataset": "synthetic", "synthetic-size": 300,
 
 
 # global-vi pools the shared settings' clients and fixes damping 1: its preset notice is expected
-@pytest.mark.filterwarnings("ignore::fedbayes_flwr.config.PresetNotice")
+@pytest.mark.filterwarnings("ignore::fedbayes_flwr.runtime.config.PresetNotice")
 @pytest.mark.parametrize("algorithm, schedule, rounds", [
     ("global-vi", "synchronous", 2), ("pvi", "synchronous", 3), ("pvi", "sequential", 6),
     ("pvi", "asynchronous", 6)])

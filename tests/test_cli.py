@@ -103,7 +103,7 @@ def test_pyproject_run_config_matches_library_defaults():
     import tomllib
 
     from fedbayes_flwr.algorithms import registry
-    from fedbayes_flwr.config import RunConfig
+    from fedbayes_flwr.runtime.config import RunConfig
 
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         declared = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
@@ -120,7 +120,7 @@ def test_pyproject_run_config_matches_library_defaults():
 
 
 def test_dotted_and_bare_keys_resolve_to_the_algorithm_section():
-    from fedbayes_flwr.config import ConfigError, parse_run_config
+    from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
 
     dotted = parse_run_config({"pvi.damping": 0.25, "pvi.schedule": "sequential"})
     bare = parse_run_config({"damping": 0.25, "schedule": "sequential"})

@@ -5,8 +5,8 @@ import pytest
 from flwr.app import Array, ConfigRecord
 
 from fedbayes_flwr import codec
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr.algorithms import pvi
+from fedbayes_flwr.algorithms.pvi import bundle as pvi
+from fedbayes_flwr.inference import gaussian as G
 
 KIND_TRAIN, KIND_REPLY, KIND_STATE = "pvi.train", "pvi.train.reply", "pvi.client-state"
 

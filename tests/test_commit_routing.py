@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr.algorithms import commit
-from fedbayes_flwr.algorithms.routing import route, validate_neighbours
+from fedbayes_flwr.algorithms.decentralized.routing import route, validate_neighbours
 
 
 def test_pending_value_commits_only_when_acknowledged():

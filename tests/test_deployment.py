@@ -22,11 +22,13 @@ import numpy as np
 import pytest
 from flower_utils import REPO, describe, task_identity
 
-from fedbayes_flwr import deploy, models, processes
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import run_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr import models
+from fedbayes_flwr.deploy import run as deploy
+from fedbayes_flwr.deploy import watchdog as processes
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 LR = {"algorithm": "pvi", "model": "linear-regression", "dataset": "synthetic", "num-clients": 3,
       "partition": "iid", "seed": 0}  # iid: no flwr_datasets import (seconds) in the fast tests

@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbayes_flwr import dhmc as H
-from fedbayes_flwr import gossip
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import run_in_process
-from fedbayes_flwr.experiment import build_experiment
-from fedbayes_flwr.pdmp import potentials as P
-from fedbayes_flwr.posterior import SamplePosterior
+from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+from fedbayes_flwr.algorithms.dhmc import agents as H
+from fedbayes_flwr.inference import potentials as P
+from fedbayes_flwr.inference.posterior import SamplePosterior
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 
 def _one_iteration(pots, w, p, eps, mixing):
@@ -137,7 +137,7 @@ def test_router_delivers_exactly_the_neighbours_messages():
 
 
 def _exact_linear(exp):
-    from fedbayes_flwr import gaussian as G
+    from fedbayes_flwr.inference import gaussian as G
     from fedbayes_flwr.models import exact_posterior
 
     post = exact_posterior(exp.model, exp.prior, exp.dataset.x_train, exp.dataset.y_train)
@@ -225,7 +225,7 @@ def test_decentralized_ula_runs_over_the_same_graph(tmp_path):
 
 def test_cli_samples_softmax_regression_on_digits(tmp_path):
     """``run_simulation.py --algorithm dhmc --model bnn-classifier`` with ``hidden-layers ""``
-    (softmax regression: the model's numpy potential, :mod:`fedbayes_flwr.nets_numpy`) runs on
+    (softmax regression: the model's numpy potential, :mod:`fedbayes_flwr.models.nets_numpy`) runs on
     digits and saves every agent's chains: 2 chains x 5 kept iterations of 64 x 10 + 10
     parameters, finite, and moved from their start."""
     import os

@@ -11,12 +11,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbayes_flwr import dhmc as H
-from fedbayes_flwr import gossip
-from fedbayes_flwr.dhmc_baselines import PooledPotential, centralized_hmc, decentralized_ula, ula_steps
-from fedbayes_flwr.dhmc_loop import simulate
-from fedbayes_flwr.pdmp import potentials as P
-from fedbayes_flwr.posterior import SamplePosterior
+from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+from fedbayes_flwr.algorithms.dhmc import agents as H
+from fedbayes_flwr.algorithms.dhmc.baselines import (
+    PooledPotential,
+    centralized_hmc,
+    decentralized_ula,
+    ula_steps,
+)
+from fedbayes_flwr.algorithms.dhmc.loop import simulate
+from fedbayes_flwr.inference import potentials as P
+from fedbayes_flwr.inference.posterior import SamplePosterior
 
 M, N, D = 5, 250, 3
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr import gossip
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import run_in_process
+from fedbayes_flwr.algorithms.decentralized import graphs as gossip
 from fedbayes_flwr.errors import ConfigError
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.models import exact_posterior
-from fedbayes_flwr.posterior import SamplePosterior
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 RING = {"algorithm": "dhmc", "model": "linear-regression", "dataset": "synthetic",
         "synthetic-dim": 3, "synthetic-size": 250, "num-clients": 5, "partition": "iid",

@@ -13,17 +13,17 @@ import tensorflow as tf
 from scipy import integrate
 from scipy.stats import gamma, gaussian_kde, multivariate_normal, norm, truncnorm
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr.data import DataError, load_dataset, partition_indices
 from fedbayes_flwr.data.embedded import MIXTURE_1D_ROWS
-from fedbayes_flwr.metrics import (
+from fedbayes_flwr.evaluation.metrics import (
     mixture_1d_grid,
     mixture_1d_kl,
     mixture_1d_log_likelihood,
     mixture_1d_optimal_density,
 )
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import GaussianPosterior, SamplePosterior
 from fedbayes_flwr.models import MODELS, make_model
-from fedbayes_flwr.posterior import GaussianPosterior, SamplePosterior
 
 NUM_FEATURES = 3
 H = 1e-6  # central-difference step
@@ -297,7 +297,7 @@ def test_mixture_1d_dataset_and_partition():
             load_dataset("mixture-1d", target)
     # "dirichlet" is the configuration's default partition (alpha 0.5), "iid" the plain one:
     # both give each of the 2 clients one row (one agent's likelihood) for any seed
-    from fedbayes_flwr.config import RunConfig
+    from fedbayes_flwr.runtime.config import RunConfig
 
     assert RunConfig().partition == "dirichlet" and RunConfig().partition_alpha == 0.5
     for scheme in ("dirichlet", "iid"):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import iterate_in_process, run_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 CASES = {
     "synchronous-logistic": {"model": "logistic-regression", "dataset": "synthetic",

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fedbayes_flwr.config import ConfigError, parse_run_config
-from fedbayes_flwr.engine import iterate_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 BASE = {"model": "logistic-regression", "num-clients": 4, "num-rounds": 3, "local-steps": 60,
         "partition-alpha": 0.5, "seed": 1}
@@ -34,8 +34,8 @@ def test_bad_reply_equals_missing_reply(kind):
 
 def test_rejected_client_keeps_its_old_factor():
     """After a rejection the client's pending factor is dropped (server and client agree)."""
-    from fedbayes_flwr import gaussian as G
-    from fedbayes_flwr.algorithms import pvi
+    from fedbayes_flwr.algorithms.pvi import bundle as pvi
+    from fedbayes_flwr.inference import gaussian as G
 
     exp = build_experiment(parse_run_config({**BASE, "model": "linear-regression",
                                              "dataset": "synthetic", "damping": 1.0,

@@ -8,13 +8,13 @@ import warnings
 import numpy as np
 import pytest
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr import models
 from fedbayes_flwr.algorithms import fedavg as F
 from fedbayes_flwr.algorithms.base import Rejection, Round, client_seed
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import iterate_in_process, judge, run_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process, judge, run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 LINEAR = {"model": "linear-regression", "dataset": "diabetes", "num-clients": 3,
           "partition": "iid", "local-steps": 20, "batch-size": 0}

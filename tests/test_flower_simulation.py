@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import run_in_process
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.flower
@@ -94,9 +94,9 @@ def test_client_exception_is_counted_and_run_recovers_exactly(tmp_path):
             "bytes_up", "clients")
     assert ([{k: h[k] for k in keep} for h in result["history"]]
             == [{k: h[k] for k in keep} for h in local["history"]])
-    from fedbayes_flwr import gaussian as G
     from fedbayes_flwr import models
-    from fedbayes_flwr.experiment import build_experiment
+    from fedbayes_flwr.inference import gaussian as G
+    from fedbayes_flwr.runtime.experiment import build_experiment
 
     exp = build_experiment(parse_run_config({"model": "linear-regression", "dataset": "diabetes",
                                              "num-clients": 3, "partition": "iid"}))
@@ -123,9 +123,9 @@ def test_asynchronous_pvi_applies_straggler_on_arrival_through_flower(tmp_path):
         assert order[:first_straggler].count(fast) >= 2, order
     times = [h["virtual_time"] for h in history]
     assert times == sorted(times) and times[first_straggler] >= 1.5
-    from fedbayes_flwr import gaussian as G
     from fedbayes_flwr import models
-    from fedbayes_flwr.experiment import build_experiment
+    from fedbayes_flwr.inference import gaussian as G
+    from fedbayes_flwr.runtime.experiment import build_experiment
 
     exp = build_experiment(parse_run_config({"model": "linear-regression", "dataset": "diabetes",
                                              "num-clients": 4, "partition": "iid"}))

@@ -33,11 +33,11 @@ from flower_utils import (
     wait_finished,
 )
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr import models
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import run_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 pytestmark = [
     pytest.mark.flower,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow_probability as tfp
 
-from fedbayes_flwr import gaussian as G
+from fedbayes_flwr.inference import gaussian as G
 
 
 def _random_gaussian(rng, d):

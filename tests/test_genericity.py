@@ -18,11 +18,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr import models
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import iterate_in_process, run_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = {"algorithm-modules": "tests.toy_algorithm", "algorithm": "toy-merge",
@@ -101,11 +101,11 @@ def test_generic_modules_work_without_pvi(tmp_path):
         import sys
         for name in {BUILTIN_MODULES!r}:
             sys.modules[name] = None  # any import of it now fails
-        import fedbayes_flwr.engine, fedbayes_flwr.config, fedbayes_flwr.recorder
+        import fedbayes_flwr.runtime.engine, fedbayes_flwr.runtime.config, fedbayes_flwr.runtime.recorder
         import strategies.base, clients.client_app, clients.handler
         from fedbayes_flwr.algorithms import registry
-        from fedbayes_flwr.config import parse_run_config
-        from fedbayes_flwr.engine import run_in_process
+        from fedbayes_flwr.runtime.config import parse_run_config
+        from fedbayes_flwr.runtime.engine import run_in_process
         cfg = parse_run_config({{**{TOY!r}, "output-dir": {str(tmp_path)!r}}})
         assert registry.names() == ("toy-merge",), registry.names()
         result = run_in_process(cfg, progress=False)
@@ -135,7 +135,7 @@ def _handler_round_trip():
     from clients.handler import handle, state_key
     from fedbayes_flwr import codec
     from fedbayes_flwr.algorithms.base import Request
-    from fedbayes_flwr.engine import client_work
+    from fedbayes_flwr.runtime.engine import client_work
     from strategies.base import BundleStrategy
 
     exp = build_experiment(parse_run_config({**TOY, "algorithm-modules": "tests.toy_algorithm"}))

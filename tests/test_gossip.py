@@ -1,4 +1,4 @@
-"""Communication graphs and Metropolis-Hastings mixing (fedbayes_flwr.gossip).
+"""Communication graphs and Metropolis-Hastings mixing (fedbayes_flwr.algorithms.decentralized.graphs).
 
 Property tests over many seeded random graphs: every mixing matrix is symmetric, doubly
 stochastic, nonnegative, one-hop, with a positive spectral gap, and gossip converges to the
@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from fedbayes_flwr import gossip as gs
-from fedbayes_flwr.algorithms.routing import route, validate_neighbours
+from fedbayes_flwr.algorithms.decentralized import graphs as gs
+from fedbayes_flwr.algorithms.decentralized.routing import route, validate_neighbours
 
 
 def random_connected_graphs():

@@ -9,7 +9,7 @@ Three suites, each at least 500 derandomised examples (reproducible in CI):
   action it actually requests, a reply mutated at random (shapes, dtypes, NaN/inf, huge values,
   missing and extra keys, wrong schema version, undecodable arrays, client errors) goes through
   the Flower strategy's own path (``BundleStrategy._decode``: codec, then
-  :func:`fedbayes_flwr.engine.judge` = ``check_message`` + ``bundle.check``, then
+  :func:`fedbayes_flwr.runtime.engine.judge` = ``check_message`` + ``bundle.check``, then
   ``server_step``). It is either a :class:`Rejection` (and the server state afterwards equals the
   state after a plain "no reply", compared field by field with ``np.array_equal``; a
   ``stop``-policy sampler stops with one line before any step instead) or accepted (and no
@@ -43,12 +43,12 @@ from hypothesis.extra import numpy as hnp
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, failure_policy, round_seed
-from fedbayes_flwr.config import parse_run_config
 from fedbayes_flwr.data import DataError, load_dataset
-from fedbayes_flwr.engine import RunStopped, Tally, _InProcess, stop_on_failure
 from fedbayes_flwr.errors import ConfigError
-from fedbayes_flwr.experiment import MISMATCH, build_experiment, num_classes
-from fedbayes_flwr.validation import check_message
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import RunStopped, Tally, _InProcess, stop_on_failure
+from fedbayes_flwr.runtime.experiment import MISMATCH, build_experiment, num_classes
+from fedbayes_flwr.runtime.validation import check_message
 
 SETTINGS = settings(max_examples=500, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -657,9 +657,9 @@ def test_paper_hub_command_runs_on_stand_in(paper_stand_ins, tmp_path, monkeypat
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import run_simulation
-    from fedbayes_flwr.config import parse_run_config
     from fedbayes_flwr.data.hub import parse_hub_name
-    from fedbayes_flwr.experiment import build_experiment
+    from fedbayes_flwr.runtime.config import parse_run_config
+    from fedbayes_flwr.runtime.experiment import build_experiment
 
     argv = HUB_COMMANDS[index]
     calls = _redirect_hub(monkeypatch, paper_stand_ins, tmp_path / "hf-cache")

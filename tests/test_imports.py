@@ -13,8 +13,9 @@ MODULES = sorted(m.name.removeprefix("fedbayes_flwr.")
 
 
 def test_module_list_is_complete():
-    assert {"codec", "config", "data", "experiment", "gaussian", "models", "engine", "recorder",
-            "algorithms.pvi", "algorithms.registry", "algorithms.base"} <= set(MODULES)
+    assert {"codec", "runtime.config", "data", "runtime.experiment", "inference.gaussian", "models",
+            "runtime.engine", "runtime.recorder", "algorithms.pvi", "algorithms.pvi.bundle",
+            "algorithms.registry", "algorithms.base"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if m != "codec"])

@@ -1,4 +1,4 @@
-"""The deterministic local solver :func:`fedbayes_flwr.vi.solve_local`.
+"""The deterministic local solver :func:`fedbayes_flwr.inference.vi.solve_local`.
 
 Fixed-point iterations of PVI's local free energy 2-cycle on the breast-cancer Dirichlet(0.1)
 split with damping 0.5; ``solve_local`` detects that and finishes with L-BFGS. Its answers are
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr import vi
 from fedbayes_flwr.data import DataError, load_dataset, partition_indices
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference import vi
 from fedbayes_flwr.models import make_model
 
 # |moment error| <= (solver's stopping residual tol = 1e-8; measured error <= 1.2e-8 over 40

@@ -5,8 +5,8 @@ platforms (seed-to-seed spread of global VI's test NLL is ~0.5%, measured in the
 
 import pytest
 
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import run_in_process
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
 
 KEYS = {"model": "logistic-regression", "dataset": "breast-cancer", "num-clients": 10,
         "partition": "dirichlet", "partition-alpha": 0.5, "num-rounds": 10, "seed": 0}

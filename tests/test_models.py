@@ -11,16 +11,9 @@ import pytest
 import tensorflow as tf
 from scipy.stats import multivariate_normal
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr.data import load_dataset
-from fedbayes_flwr.models import (
-    MODELS,
-    SYNTHETIC,
-    TARGETS,
-    Model,
-    make_model,
-    model_class,
-)
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.models import MODELS, SYNTHETIC, TARGETS, Model, make_model, model_class
 from fedbayes_flwr.models import registry as R
 
 NUM_FEATURES = 3

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr.models import make_model
-from fedbayes_flwr.nets_numpy import SoftmaxNetPotential
+from fedbayes_flwr.models.nets_numpy import SoftmaxNetPotential
 
 CASES = {"softmax": (), "hidden": (7,), "two-hidden": (6, 5)}
 
@@ -98,7 +98,7 @@ def test_bad_inputs_are_refused():
 
 
 def test_diagonal_prior_equals_the_dense_quadratic():
-    from fedbayes_flwr.pdmp.potentials import DiagonalGaussian, Quadratic
+    from fedbayes_flwr.inference.potentials import DiagonalGaussian, Quadratic
 
     rng = np.random.default_rng(4)
     prec, mean = rng.random(6) + 0.1, rng.standard_normal(6)

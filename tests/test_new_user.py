@@ -27,8 +27,8 @@ def test_mean_field_posterior_never_builds_a_dense_covariance(tmp_path):
     (a dense d x d would need 12.7 GB) and a file < 5 MB (8 bytes x d x a few arrays ~ 1.6 MB)."""
     import tracemalloc
 
+    from fedbayes_flwr.inference.posterior import GaussianPosterior
     from fedbayes_flwr.models import make_model
-    from fedbayes_flwr.posterior import GaussianPosterior
 
     model = make_model("bnn-classifier", 1.0, (50,), 10)
     prior = model.prior(784, 1.0, diag=True)
@@ -78,7 +78,7 @@ def test_output_dir_that_is_a_file_or_under_a_file(tmp_path, capsys):
 
 
 def test_infinity_means_no_limit_only_where_documented(tmp_path):
-    from fedbayes_flwr.config import parse_run_config
+    from fedbayes_flwr.runtime.config import parse_run_config
 
     assert parse_run_config({"max-seconds": float("inf")}).max_seconds == float("inf")
 
@@ -140,9 +140,9 @@ def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
     from flwr.app import Context, Error, Message, RecordDict
 
     from clients.handler import handle
-    from fedbayes_flwr.config import parse_run_config
-    from fedbayes_flwr.engine import RunStopped
-    from fedbayes_flwr.experiment import build_experiment
+    from fedbayes_flwr.runtime.config import parse_run_config
+    from fedbayes_flwr.runtime.engine import RunStopped
+    from fedbayes_flwr.runtime.experiment import build_experiment
     from strategies import PVIStrategy
 
     with task_identity():
@@ -308,8 +308,8 @@ def test_strategy_summary_lists_only_the_settings_that_were_changed(caplog):
     section keys that differ from their defaults."""
     import logging
 
-    from fedbayes_flwr import gaussian as G
-    from fedbayes_flwr.algorithms.pvi import PVIConfig
+    from fedbayes_flwr.algorithms.pvi.bundle import PVIConfig
+    from fedbayes_flwr.inference import gaussian as G
     from strategies import PVIStrategy
 
     flwr_logger = logging.getLogger("flwr")

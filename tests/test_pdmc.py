@@ -2,7 +2,7 @@
 the bundle in-process, failures.
 
 Tolerances come from the maths: Monte Carlo standard errors from the effective sample size
-(``tfp.mcmc`` through :class:`fedbayes_flwr.posterior.SamplePosterior`), KS tests against exact
+(``tfp.mcmc`` through :class:`fedbayes_flwr.inference.posterior.SamplePosterior`), KS tests against exact
 draws with a Bonferroni family level.
 """
 
@@ -13,14 +13,14 @@ import pytest
 from scipy import stats
 
 from fedbayes_flwr.algorithms.base import Rejection
-from fedbayes_flwr.algorithms.pdmc import Up
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import judge, run_in_process
-from fedbayes_flwr.experiment import build_experiment
-from fedbayes_flwr.pdmp import potentials as P
-from fedbayes_flwr.pdmp import sampler as S
-from fedbayes_flwr.pdmp.driver import simulate
-from fedbayes_flwr.posterior import SamplePosterior
+from fedbayes_flwr.algorithms.pdmc import sampler as S
+from fedbayes_flwr.algorithms.pdmc.bundle import Up
+from fedbayes_flwr.algorithms.pdmc.driver import simulate
+from fedbayes_flwr.inference import potentials as P
+from fedbayes_flwr.inference.posterior import SamplePosterior
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import judge, run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 D, N = 10, 50  # the paper's Gaussian example: d = 10, N = 50, alpha = 1, mu_0 = 0.5
 
@@ -133,7 +133,7 @@ GM = {"algorithm": "pdmc", "model": "gaussian-mean", "dataset": "synthetic",
 def test_bundle_in_process_matches_the_exact_posterior(tmp_path):
     """Through the generic engine (4 workers, Gaussian prior): mean and variance within 4 MCSE
     of the conjugate posterior; ESS and R-hat in the diagnostics, chains kept apart on disk."""
-    from fedbayes_flwr import gaussian as G
+    from fedbayes_flwr.inference import gaussian as G
     from fedbayes_flwr.models import exact_posterior
 
     result = run_in_process(parse_run_config({**GM, "output-dir": str(tmp_path),
@@ -198,8 +198,8 @@ def test_differential_privacy_refusals_and_report(tmp_path):
     """``pdmc.dp-epsilon``: refused for BPS, for a model with unbounded sensitivity and for a
     target out of reach; on logistic regression every worker adds rho and the run reports rho,
     the per-release guarantee and its composition over every released proposal."""
+    from fedbayes_flwr.algorithms.pdmc import privacy
     from fedbayes_flwr.errors import ConfigError
-    from fedbayes_flwr.pdmp import privacy
 
     lr = {"algorithm": "pdmc", "model": "logistic-regression", "dataset": "synthetic",
           "synthetic-dim": 3, "synthetic-size": 100, "num-clients": 2, "partition": "iid",

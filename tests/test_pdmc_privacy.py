@@ -1,4 +1,4 @@
-"""Fed-PDMC privacy (:mod:`fedbayes_flwr.pdmp.privacy`): the refreshment bound, its inverse,
+"""Fed-PDMC privacy (:mod:`fedbayes_flwr.algorithms.pdmc.privacy`): the refreshment bound, its inverse,
 composition, sensitivities, and the privacy loss of released event times checked numerically.
 
 The numerical checks compute the density of a released proposal ``(tau, i)`` on a grid from two
@@ -14,9 +14,9 @@ import math
 import numpy as np
 import pytest
 
-from fedbayes_flwr.pdmp import potentials as P
-from fedbayes_flwr.pdmp import privacy as PR
-from fedbayes_flwr.pdmp import sampler as S
+from fedbayes_flwr.algorithms.pdmc import privacy as PR
+from fedbayes_flwr.algorithms.pdmc import sampler as S
+from fedbayes_flwr.inference import potentials as P
 
 
 # ---------------------------------------------------------------------------- helpers

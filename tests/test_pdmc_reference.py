@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from scipy.stats import wasserstein_distance
 
-from fedbayes_flwr import reference as R
-from fedbayes_flwr.pdmp import potentials as P
-from fedbayes_flwr.pdmp import sampler as S
-from fedbayes_flwr.pdmp.driver import simulate
-from fedbayes_flwr.posterior import SamplePosterior
+from fedbayes_flwr.algorithms.pdmc import sampler as S
+from fedbayes_flwr.algorithms.pdmc.driver import simulate
+from fedbayes_flwr.evaluation import reference as R
+from fedbayes_flwr.inference import potentials as P
+from fedbayes_flwr.inference.posterior import SamplePosterior
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_nuts_reference_matches_a_conjugate_posterior_and_is_cached(tmp_path, mo
     """NUTS on the Gaussian-mean model (exact posterior known): mean within 4 MCSE and variance
     within 4 MCSE per coordinate; the second call reads the cache (same draws), another seed
     is another entry; FEDBAYES_CACHE moves the default folder."""
-    from fedbayes_flwr import gaussian as G
+    from fedbayes_flwr.inference import gaussian as G
     from fedbayes_flwr.models import exact_posterior, make_model
 
     model = make_model("gaussian-mean")

@@ -11,16 +11,16 @@ import tensorflow as tf
 from numpy_nets import numpy_forward
 from scipy.stats import wasserstein_distance
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr.data import load_dataset
-from fedbayes_flwr.metrics import kernel_stein_discrepancy, ksd_of_posterior, marginal_w1
-from fedbayes_flwr.models import exact_posterior, make_model
-from fedbayes_flwr.posterior import (
+from fedbayes_flwr.evaluation.metrics import kernel_stein_discrepancy, ksd_of_posterior, marginal_w1
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import (
     PREDICTIVE_SAMPLES,
     GaussianPosterior,
     Posterior,
     SamplePosterior,
 )
+from fedbayes_flwr.models import exact_posterior, make_model
 
 NUM_FEATURES = 3
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr import models
-from fedbayes_flwr.algorithms import pvi
-from fedbayes_flwr.algorithms import pvi_step as S
-from fedbayes_flwr.config import ConfigError, parse_run_config
-from fedbayes_flwr.engine import iterate_in_process, run_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.algorithms.pvi import bundle as pvi
+from fedbayes_flwr.algorithms.pvi import step as S
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 CONJUGATE = [("gaussian-mean", "synthetic"), ("linear-regression", "synthetic"),
              ("linear-regression", "diabetes")]
@@ -414,7 +414,7 @@ def test_auto_or_number_coerces_what_toml_and_the_cli_give():
 def test_tempered_model_scales_every_likelihood_and_nothing_else():
     import tensorflow as tf
 
-    from fedbayes_flwr.models.tempered import Tempered, tempered
+    from fedbayes_flwr.algorithms.pvi.tempered import Tempered, tempered
 
     exp = _exp(model="linear-regression", dataset="synthetic", **{"num-clients": 2})
     model, x, y = exp.model, exp.dataset.x_train, exp.dataset.y_train
@@ -469,7 +469,7 @@ def test_proximal_change_tends_to_the_local_natural_gradient():
     the proximal change tends to the local natural gradient ``q_cav + dE_q[log p(y_k)]/dmu - q``
     at rate ``1 / beta`` (the proximal solution's expansion), so the clients' changes add up to
     a multiple of the global natural gradient."""
-    from fedbayes_flwr.vi import expected_ll_grad
+    from fedbayes_flwr.inference.vi import expected_ll_grad
 
     exp = _exp(**LOGISTIC)
     (_, state, _), = iterate_in_process(exp, num_rounds=1)

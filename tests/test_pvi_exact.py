@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from scipy.stats import multivariate_normal
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr import models
-from fedbayes_flwr.algorithms import pvi
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import iterate_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.algorithms.pvi import bundle as pvi
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 CASES = [("gaussian-mean", "synthetic"), ("linear-regression", "synthetic"),
          ("linear-regression", "diabetes")]

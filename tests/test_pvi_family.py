@@ -8,12 +8,12 @@ import pytest
 from scipy.optimize import minimize_scalar
 from scipy.stats import multivariate_normal
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr import models
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import iterate_in_process
-from fedbayes_flwr.experiment import build_experiment
-from fedbayes_flwr.posterior import GaussianPosterior
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import GaussianPosterior
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import iterate_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 CONJUGATE = {"model": "linear-regression", "dataset": "synthetic", "num-clients": 10,
              "partition": "dirichlet", "partition-alpha": 0.3, "seed": 2, "synthetic-size": 300}
@@ -192,7 +192,7 @@ def test_async_logistic_matches_synchronous_nll():
 def test_cycling_fixed_point_iterations_warn():
     """bcm-split on iid breast-cancer with undamped fixed-point updates falls into a 2-cycle (found
     by the baselines benchmark); the user is told instead of silently getting the last iterate."""
-    from fedbayes_flwr.vi import FixedPointWarning
+    from fedbayes_flwr.inference.vi import FixedPointWarning
 
     keys = {"algorithm": "bcm-split", "partition": "iid", "local-optimiser": "fixed-point",
             "fixed-point-iterations": 30}

@@ -31,7 +31,7 @@ from flower_utils import free_port
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import run_simulation  # noqa: E402
-from fedbayes_flwr.processes import with_env  # noqa: E402
+from fedbayes_flwr.deploy.watchdog import with_env  # noqa: E402
 
 # The conjugate model, 3 clients, 2 rounds at the default damping: the posterior after round 2
 # depends on both rounds' arithmetic, so equal posteriors mean the same computation.

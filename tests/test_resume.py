@@ -14,13 +14,13 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from fedbayes_flwr import checkpoint as C
-from fedbayes_flwr import gaussian as G
-from fedbayes_flwr import processes
 from fedbayes_flwr.algorithms.commit import Pending
-from fedbayes_flwr.config import parse_run_config
-from fedbayes_flwr.engine import run_in_process
-from fedbayes_flwr.experiment import build_experiment
+from fedbayes_flwr.deploy import watchdog as processes
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime import checkpoint as C
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = {"model": "linear-regression", "dataset": "synthetic", "num-clients": 3,
@@ -170,7 +170,7 @@ def test_in_process_resume_keeps_a_timed_out_partition_out(tmp_path):
     """A partition that timed out before the checkpoint stays out of the resumed run (never
     asked again, as over Flower) instead of timing out a second time; the result equals the
     uninterrupted run bit for bit."""
-    from fedbayes_flwr.engine import iterate_in_process, not_sent
+    from fedbayes_flwr.runtime.engine import iterate_in_process, not_sent
 
     keys = {"algorithm": "pvi", "pvi.damping": 1.0, "inject-fault": "hang@2:1"}
     full = _run(keys, tmp_path / "full", 5)

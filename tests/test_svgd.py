@@ -1,4 +1,4 @@
-"""SVGD and Gaussian-KDE primitives (fedbayes_flwr.svgd) against independent formulas."""
+"""SVGD and Gaussian-KDE primitives (fedbayes_flwr.algorithms.dsvgd.svgd) against independent formulas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
-from fedbayes_flwr import svgd as sv
+from fedbayes_flwr.algorithms.dsvgd import svgd as sv
 
 # A 2-D Gaussian target N(M, S) used by the SVGD tests.
 M = np.array([1.0, -2.0])

@@ -1,4 +1,5 @@
-"""The finite latent feature model's mean-field VB (fedbayes_flwr.vb.latent_feature) and its data."""
+"""The finite latent feature model's mean-field VB (fedbayes_flwr.inference.vb.latent_feature) and its
+data."""
 
 import itertools
 
@@ -7,9 +8,9 @@ import pytest
 from scipy.optimize import linear_sum_assignment
 from scipy.stats import norm
 
-from fedbayes_flwr import expfam
 from fedbayes_flwr.data.latent_features import make_latent_features
-from fedbayes_flwr.vb.latent_feature import LatentFeature, LatentFeatureParams
+from fedbayes_flwr.inference import expfam
+from fedbayes_flwr.inference.vb.latent_feature import LatentFeature, LatentFeatureParams
 
 K, D, NOISE = 5, 10, 0.04
 
@@ -61,7 +62,7 @@ def test_elbo_never_decreases(warmup):
 def test_structured_search_bound_never_decreases_and_bounds_the_elbo():
     """The warm-up's collapsed bound (exact joint q(z_n)) rises step by step and is never below
     the mean-field ELBO of the same global factors."""
-    from fedbayes_flwr.vb.latent_feature import _configs, _State
+    from fedbayes_flwr.inference.vb.latent_feature import _configs, _State
 
     x, _, _ = make_latent_features(np.random.default_rng(2), num_obs=300)
     model = LatentFeature(K, D, NOISE)

@@ -1,5 +1,5 @@
-"""LDA by mean-field CAVI (:mod:`fedbayes_flwr.vb.lda`), its corpus generator and the streaming
-schemes (:mod:`fedbayes_flwr.streaming`): exactness of the ELBO, monotone sweeps, recovery,
+"""LDA by mean-field CAVI (:mod:`fedbayes_flwr.inference.vb.lda`), its corpus generator and the streaming
+schemes (:mod:`fedbayes_flwr.algorithms.amps.streaming`): exactness of the ELBO, monotone sweeps, recovery,
 valid contributions, held-out scoring, streaming priors, and the SDA-Bayes / AMPS identities."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from scipy.special import digamma, gammaln, logsumexp
 
-from fedbayes_flwr import amps, expfam, streaming
+from fedbayes_flwr.algorithms.amps import merge as amps
+from fedbayes_flwr.algorithms.amps import streaming
 from fedbayes_flwr.data.lda_corpus import make_corpus
-from fedbayes_flwr.vb.base import FitResult
-from fedbayes_flwr.vb.lda import LDA, LDAParams, split_tokens
+from fedbayes_flwr.inference import expfam
+from fedbayes_flwr.inference.vb.base import FitResult
+from fedbayes_flwr.inference.vb.lda import LDA, LDAParams, split_tokens
 
 K, V = 3, 30
 

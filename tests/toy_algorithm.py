@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr import gaussian as G
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from fedbayes_flwr.gaussian import NaturalGaussian
-from fedbayes_flwr.posterior import GaussianPosterior
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.posterior import GaussianPosterior
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ A bundle (:class:`Bundle`) is what an engine needs to run a family, in-process o
 * ``client_step(seed, client_state, request, data, setup) -> (client_state, reply, info)``;
 * ``server_step(server_state, [(partition_id, reply | Rejection)], setup, rnd) -> (state, StepInfo)``;
 * ``posterior(server_state, setup)``: the common posterior interface
-  (:class:`fedbayes_flwr.posterior.Posterior`);
+  (:class:`fedbayes_flwr.inference.posterior.Posterior`);
 * ``check(server_state, setup, action, reply)``: the family's invariant (a precision stays positive,
   Dirichlet parameters stay positive), run after the structural validation of
-  :func:`fedbayes_flwr.validation.check_message`, by both engines.
+  :func:`fedbayes_flwr.runtime.validation.check_message`, by both engines.
 
 Seeds (:func:`round_seed`, :func:`client_seed`) are stateless ``int32[2]`` arrays keyed on the run
 seed, the bundle, the update number, the partition and the attempt, never on message order, so
@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..seeds import derive_seed
+from fedbayes_flwr.seeds import derive_seed
 
 CATEGORIES = ("train", "evaluate", "query")
 MODES = ("barrier", "apply-on-arrival")
@@ -141,12 +141,12 @@ class Setup(NamedTuple):
     Attributes
     ----------
     model : fedbayes_flwr.models.Model
-    prior : fedbayes_flwr.gaussian.NaturalGaussian
+    prior : fedbayes_flwr.inference.gaussian.NaturalGaussian
     num_clients : int
     num_features : int
     run_seed : int
     config : dataclass
-        The bundle's own config section (e.g. :class:`fedbayes_flwr.algorithms.pvi.PVIConfig`).
+        The bundle's own config section (e.g. :class:`fedbayes_flwr.algorithms.pvi.bundle.PVIConfig`).
     """
 
     model: Any

@@ -29,7 +29,7 @@ Adam's moments restart at every local problem (as a fresh client optimiser does)
   the missing counts are asked for again in the next).
 
 Both are point estimates: the posterior interface holds the one vector (a
-:class:`fedbayes_flwr.posterior.SamplePosterior` of one sample), so metrics are those of the
+:class:`fedbayes_flwr.inference.posterior.SamplePosterior` of one sample), so metrics are those of the
 plug-in predictive. Rejected replies leave ``theta`` unchanged.
 
 References
@@ -49,10 +49,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..seeds import numpy_rng
-from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from .particles import minibatch_grad, prior_draws, prior_score
+from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.particles import minibatch_grad, prior_draws, prior_score
+from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.seeds import numpy_rng
 
 VARIANTS = ("fedavg", "fedavg-paper")
 TRAIN, SIZE = "train", "size"
@@ -227,7 +227,7 @@ def _server_step(state: ServerState, replies, setup, rnd):
 
 
 def _posterior(state: ServerState, setup):
-    from ..posterior import SamplePosterior
+    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     return SamplePosterior(state.theta[None])
 

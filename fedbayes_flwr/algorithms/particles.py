@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import gaussian as G
-from ..seeds import derive_seed, numpy_rng
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 
 def project(x: np.ndarray, setup) -> np.ndarray:

@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..errors import ConfigError
-from .base import Bundle
+from fedbayes_flwr.algorithms.base import Bundle
+from fedbayes_flwr.errors import ConfigError
 
 # One line per family: the module whose import registers it.
 BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi", "fedbayes_flwr.algorithms.dsvgd",

@@ -46,7 +46,7 @@ trade-off): long ``steps-per-round`` with non-iid clients bias DSGLD, whichever 
 **Rejected replies** leave the chains and their counters as they were; the round still counts
 as an update (DSGLD then moves the next chain in the next round). Clients keep no state.
 
-**Posterior.** :class:`fedbayes_flwr.posterior.SamplePosterior` of the current chain states
+**Posterior.** :class:`fedbayes_flwr.inference.posterior.SamplePosterior` of the current chain states
 ``(C, d)``, like DSVGD's particles (no thinning, no averaging over iterations).
 
 References
@@ -67,11 +67,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..seeds import derive_seed, numpy_rng
-from .base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from .dsvgd import AUTO_PARTICLES, model_family
-from .particles import minibatch_grad, prior_draws, prior_score, project
+from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.dsvgd.bundle import AUTO_PARTICLES, model_family
+from fedbayes_flwr.algorithms.particles import minibatch_grad, prior_draws, prior_score, project
+from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 VARIANTS = ("sgld", "dsgld")
 TRAIN = "train"
@@ -258,7 +258,7 @@ def _server_step(state: ServerState, replies, setup, rnd):
 
 
 def _posterior(state: ServerState, setup):
-    from ..posterior import SamplePosterior
+    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     return SamplePosterior(state.chains)
 

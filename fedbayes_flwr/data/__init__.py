@@ -19,8 +19,8 @@ The package knows no model names. Modules: :mod:`.base` (types, errors, helpers)
 
 from __future__ import annotations
 
-from .amps_sets import AMPS_SETS, load_amps_set
-from .base import (
+from fedbayes_flwr.data.amps_sets import AMPS_SETS, load_amps_set
+from fedbayes_flwr.data.base import (
     DATASETS,
     HUB_PREFIX,
     TARGETS,
@@ -30,12 +30,12 @@ from .base import (
     check_target,
     is_dataset_name,
 )
-from .embedded import EMBEDDED, load_embedded
-from .hub import load_hub
-from .npz import load_npz
-from .partitions import PARTITIONS, partition_indices
-from .synthetic import SYNTHETIC, make_synthetic, resolve_synthetic
-from .text import TEXT_MAX_FEATURES
+from fedbayes_flwr.data.embedded import EMBEDDED, load_embedded
+from fedbayes_flwr.data.hub import load_hub
+from fedbayes_flwr.data.npz import load_npz
+from fedbayes_flwr.data.partitions import PARTITIONS, partition_indices
+from fedbayes_flwr.data.synthetic import SYNTHETIC, make_synthetic, resolve_synthetic
+from fedbayes_flwr.data.text import TEXT_MAX_FEATURES
 
 __all__ = [
     "DATASETS",

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DataError, Dataset, f64
-from .latent_features import make_latent_features
-from .lda_corpus import make_corpus
+from fedbayes_flwr.data.base import DataError, Dataset, f64
+from fedbayes_flwr.data.latent_features import make_latent_features
+from fedbayes_flwr.data.lda_corpus import make_corpus
 
 __all__ = ["AMPS_SETS", "MIXTURE_MEANS", "MIXTURE_NOISE_VAR", "MIXTURE_WEIGHTS", "load_amps_set",
            "paper_mixture", "truth"]

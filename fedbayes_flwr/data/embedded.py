@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DataError, Dataset, f64, fits, i64, needs
+from fedbayes_flwr.data.base import DataError, Dataset, f64, fits, i64, needs
 
 __all__ = ["EMBEDDED", "MIXTURE_1D_ROWS", "TWONORM_DIM", "TWONORM_SEED", "TWONORM_SIZE", "load_embedded"]
 

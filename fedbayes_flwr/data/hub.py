@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-from .base import (
+from fedbayes_flwr.data.base import (
     HUB_PREFIX,
     DataError,
     Dataset,
@@ -29,8 +29,8 @@ from .base import (
     num_test_rows,
     one_line,
 )
-from .embedded import standardise
-from .text import TEXT_MAX_FEATURES, vectorise_text
+from fedbayes_flwr.data.embedded import standardise
+from fedbayes_flwr.data.text import TEXT_MAX_FEATURES, vectorise_text
 
 __all__ = ["HUB_OPTIONS", "load_hub", "load_hub_text", "parse_hub_name"]
 

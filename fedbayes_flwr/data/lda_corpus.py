@@ -8,7 +8,7 @@
 
 Recommended for the benchmark (``benchmarks/amps_lda.py``): ``V = 100`` words, ``K = 10``
 topics, ``L = 80`` words per document, ``alpha = 1 / K`` and ``eta = 0.1`` (the defaults of
-:class:`fedbayes_flwr.vb.lda.LDA`, so the fitted model is well specified), and 20 documents per
+:class:`fedbayes_flwr.inference.vb.lda.LDA`, so the fitted model is well specified), and 20 documents per
 agent, i.e. ``D = 1000`` training documents for 50 agents (smaller splits for 5 and 10 agents
 take the first ``20 N`` documents, or share the 1000), plus a few hundred test documents. With
 ``eta = 0.1`` and ``V = 100`` the topics are well separated (each puts most of its mass on a

@@ -12,7 +12,17 @@ import warnings
 
 import numpy as np
 
-from .base import DataError, Dataset, DataWarning, as_x, as_y, f64, i64, needs, num_test_rows
+from fedbayes_flwr.data.base import (
+    DataError,
+    Dataset,
+    DataWarning,
+    as_x,
+    as_y,
+    f64,
+    i64,
+    needs,
+    num_test_rows,
+)
 
 __all__ = ["load_npz"]
 

@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 
-from .base import DataError, Dataset, i64
+from fedbayes_flwr.data.base import DataError, Dataset, i64
 
 __all__ = ["PARTITIONS", "partition_indices"]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .base import DataError, Dataset, f64, fits, i64, needs, num_test_rows
+from fedbayes_flwr.data.base import DataError, Dataset, f64, fits, i64, needs, num_test_rows
 
 __all__ = ["DEFAULT_SYNTHETIC", "GENERATORS", "SYNTHETIC", "SYNTHETIC_TARGET", "make_synthetic"]
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .base import DataError, f64
+from fedbayes_flwr.data.base import DataError, f64
 
 __all__ = ["TEXT_MAX_FEATURES", "TOKEN_PATTERN", "vectorise_text"]
 

@@ -13,8 +13,8 @@
   :func:`exact_posterior`.
 """
 
-from .ar1 import AR1StudentT
-from .base import (
+from fedbayes_flwr.models.ar1 import AR1StudentT
+from fedbayes_flwr.models.base import (
     FREE_ENERGY_SAMPLES,
     FREE_ENERGY_SEED,
     SYNTHETIC,
@@ -22,10 +22,22 @@ from .base import (
     Model,
     Prediction,
 )
-from .bnn import BNN, INIT_SEED, INIT_STD, BNNClassifier, BNNRegression, parse_hidden
-from .linear import GaussianMean, LinearRegression, LogisticHyperprior, LogisticRegression
-from .mixture import MixtureLikelihood1D
-from .registry import ALL_MODELS, MODELS, STRUCTURED_MODELS, exact_posterior, make_model, model_class
+from fedbayes_flwr.models.bnn import BNN, INIT_SEED, INIT_STD, BNNClassifier, BNNRegression, parse_hidden
+from fedbayes_flwr.models.linear import (
+    GaussianMean,
+    LinearRegression,
+    LogisticHyperprior,
+    LogisticRegression,
+)
+from fedbayes_flwr.models.mixture import MixtureLikelihood1D
+from fedbayes_flwr.models.registry import (
+    ALL_MODELS,
+    MODELS,
+    STRUCTURED_MODELS,
+    exact_posterior,
+    make_model,
+    model_class,
+)
 
 __all__ = [
     "ALL_MODELS",

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..metrics import regression_metrics
-from ..pdmp.student_t import StudentTAR1, student_t_log_norm
-from .base import Model, Prediction
+from fedbayes_flwr.evaluation.metrics import regression_metrics
+from fedbayes_flwr.inference.student_t import StudentTAR1, student_t_log_norm
+from fedbayes_flwr.models.base import Model, Prediction
 
 
 class AR1StudentT(Model):
@@ -79,7 +79,7 @@ class AR1StudentT(Model):
                 + k * student_t_log_norm(nu))
 
     def pdmp_potential(self, x, y=None):
-        """:class:`~fedbayes_flwr.pdmp.student_t.StudentTAR1` of the rows (affine rate bounds from
+        """:class:`~fedbayes_flwr.inference.student_t.StudentTAR1` of the rows (affine rate bounds from
         ``|psi'| <= (nu + 1) / nu``)."""
         return StudentTAR1(x, self.NU)
 

@@ -14,7 +14,7 @@ sampler or an optimiser needs is written once here on top of it:
   bounds), without building the full ``n x P`` array,
 * :meth:`Model.metrics`: test metrics from the predictive.
 
-Predictives use the posterior protocol of :mod:`fedbayes_flwr.posterior` only.
+Predictives use the posterior protocol of :mod:`fedbayes_flwr.inference.posterior` only.
 
 Class attributes
 ----------------
@@ -51,12 +51,16 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .. import gaussian as G
-from ..gaussian import NaturalGaussian
-from ..metrics import binary_classification_metrics, regression_metrics, reliability_diagram
+from fedbayes_flwr.evaluation.metrics import (
+    binary_classification_metrics,
+    regression_metrics,
+    reliability_diagram,
+)
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
 
 if TYPE_CHECKING:
-    from ..posterior import Posterior
+    from fedbayes_flwr.inference.posterior import Posterior
 
 TARGETS = ("none", "real", "binary", "multiclass")
 SYNTHETIC = ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d",
@@ -130,7 +134,7 @@ class Model:
         return None
 
     def pdmp_potential(self, x, y):
-        """The rows' negative log-likelihood as a :class:`fedbayes_flwr.pdmp.potentials.Potential`
+        """The rows' negative log-likelihood as a :class:`fedbayes_flwr.inference.potentials.Potential`
         (numpy gradient and rate bounds for PDMC), or None when the model has none."""
         return None
 
@@ -150,8 +154,8 @@ class Model:
     def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
         """Per-coordinate bound ``K_i`` on how much one record (add/remove) changes a Zig-Zag
         rate, for PDMC's differential privacy; models without one raise
-        :class:`fedbayes_flwr.pdmp.privacy.UnboundedSensitivityError`."""
-        from ..pdmp.privacy import UnboundedSensitivityError
+        :class:`fedbayes_flwr.algorithms.pdmc.privacy.UnboundedSensitivityError`."""
+        from fedbayes_flwr.algorithms.pdmc.privacy import UnboundedSensitivityError
 
         raise UnboundedSensitivityError(f"model {self.name!r} has no bounded rate sensitivity")
 
@@ -192,7 +196,7 @@ class Model:
             ``(S, P)`` float64.
         prior : NaturalGaussian or tfp.distributions.Distribution or None
             A proper Gaussian over ``P`` parameters, or that Gaussian already built with
-            :func:`fedbayes_flwr.gaussian.to_tfp` (as the compiled functions pass it).
+            :func:`fedbayes_flwr.inference.gaussian.to_tfp` (as the compiled functions pass it).
             ``None`` only for models with their own prior.
 
         Returns

@@ -5,8 +5,8 @@ row-major) then the bias. Hidden layers use ReLU. ``bnn-classifier`` has a softm
 classes; ``bnn-regression`` a single output with Gaussian noise of known scale.
 
 The local free energy is estimated by Monte Carlo with the reparameterisation trick on mini-batches
-(:mod:`fedbayes_flwr.vi`); predictions average the network over the posterior's fixed-seed
-:meth:`~fedbayes_flwr.posterior.Posterior.draws`, so every engine reports the same metrics.
+(:mod:`fedbayes_flwr.inference.vi`); predictions average the network over the posterior's fixed-seed
+:meth:`~fedbayes_flwr.inference.posterior.Posterior.draws`, so every engine reports the same metrics.
 
 References
 ----------
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import gaussian as G
-from ..gaussian import NaturalGaussian
-from ..metrics import multiclass_classification_metrics, reliability_diagram
-from .base import Model, Prediction
+from fedbayes_flwr.evaluation.metrics import multiclass_classification_metrics, reliability_diagram
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.models.base import Model, Prediction
 
 INIT_SEED = 12345
 INIT_STD = 0.05  # Blundell et al. (2015) start at softplus(-3) ~ 0.05
@@ -119,10 +119,10 @@ class BNNClassifier(BNN):
 
     def hmc_potential(self, x, y):
         """The rows' softmax cross-entropy as a numpy potential for gradient-based samplers
-        (decentralized HMC): :class:`fedbayes_flwr.nets_numpy.SoftmaxNetPotential`, with the
+        (decentralized HMC): :class:`fedbayes_flwr.models.nets_numpy.SoftmaxNetPotential`, with the
         parameter layout of :meth:`forward_tf` (``value``, ``grad`` and an exact ``hess_quad``
         over ``(K, d)`` batches)."""
-        from ..nets_numpy import SoftmaxNetPotential
+        from fedbayes_flwr.models.nets_numpy import SoftmaxNetPotential
 
         return SoftmaxNetPotential(x, y, self.layer_sizes(int(np.shape(x)[1])))
 

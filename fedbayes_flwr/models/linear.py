@@ -25,8 +25,8 @@ from math import lgamma
 
 import numpy as np
 
-from ..gaussian import NaturalGaussian
-from .base import Model, Prediction
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.models.base import Model, Prediction
 
 _GH_POINTS, _GH_WEIGHTS = np.polynomial.hermite_e.hermegauss(64)
 _GH_WEIGHTS = _GH_WEIGHTS / np.sqrt(2.0 * np.pi)
@@ -69,13 +69,13 @@ class GaussianMean(Model):
 
     def pdmp_potential(self, x, y=None):
         """``sum_n |x_n - theta|^2 / (2 noise^2)``: quadratic, exact rates."""
-        from ..pdmp.potentials import gaussian_mean_potential
+        from fedbayes_flwr.inference.potentials import gaussian_mean_potential
 
         return gaussian_mean_potential(x, self.noise_scale**2)
 
     def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
         """Unbounded: one record changes the rate by ``|x_i - y_ni| / noise^2``."""
-        from ..pdmp.privacy import gaussian_mean_sensitivity
+        from fedbayes_flwr.algorithms.pdmc.privacy import gaussian_mean_sensitivity
 
         return gaussian_mean_sensitivity()
 
@@ -128,7 +128,7 @@ class LinearRegression(Model):
 
     def pdmp_potential(self, x, y):
         """``|y - x theta|^2 / (2 noise^2)``: quadratic, exact rates."""
-        from ..pdmp.potentials import linear_regression_potential
+        from fedbayes_flwr.inference.potentials import linear_regression_potential
 
         return linear_regression_potential(x, y, self.noise_scale**2)
 
@@ -173,13 +173,13 @@ class LogisticRegression(Model):
 
     def pdmp_potential(self, x, y):
         """The negative log-likelihood with the Zig-Zag logistic bounds (``(1/4) xi xi^T``)."""
-        from ..pdmp.potentials import Logistic
+        from fedbayes_flwr.inference.potentials import Logistic
 
         return Logistic(self._design(np.asarray(x, dtype=np.float64)), y)
 
     def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
         """``K_i = clip`` per weight and 1 for the intercept (add/remove one record)."""
-        from ..pdmp.privacy import logistic_sensitivity
+        from fedbayes_flwr.algorithms.pdmc.privacy import logistic_sensitivity
 
         return logistic_sensitivity(np.full(param_dim - 1, feature_clip), intercept=True)
 
@@ -287,7 +287,7 @@ class LogisticHyperprior(Model):
 
     def predictive(self, posterior, x) -> Prediction:
         """``p(y* = 1 | x*) = mean_s sigmoid(x* . w_s)`` over ``posterior.draws()`` (all particles
-        of a :class:`~fedbayes_flwr.posterior.SamplePosterior`; fixed-seed draws otherwise): the
+        of a :class:`~fedbayes_flwr.inference.posterior.SamplePosterior`; fixed-seed draws otherwise): the
         averaged predictive over particles."""
         w = np.asarray(posterior.draws(), dtype=np.float64)[:, :-1]
         prob = np.exp(_log_sigmoid(w @ np.asarray(x, dtype=np.float64).T)).mean(axis=0)

@@ -9,7 +9,7 @@
 
 The rows are likelihood specifications, not observations: the dataset ``mixture-1d`` holds the
 paper's two agents, and metrics compare the posterior with the exact global posterior ``q_opt``
-by quadrature (:func:`fedbayes_flwr.metrics.mixture_1d_kl`).
+by quadrature (:func:`fedbayes_flwr.evaluation.metrics.mixture_1d_kl`).
 
 References
 ----------
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..metrics import MIXTURE_1D_SUPPORT, mixture_1d_grid, mixture_1d_kl
-from .base import Model, Prediction
+from fedbayes_flwr.evaluation.metrics import MIXTURE_1D_SUPPORT, mixture_1d_grid, mixture_1d_kl
+from fedbayes_flwr.models.base import Model, Prediction
 
 
 class MixtureLikelihood1D(Model):
@@ -89,14 +89,14 @@ class MixtureLikelihood1D(Model):
 
     def log_q_on_grid(self, posterior, grid: np.ndarray) -> np.ndarray:
         """Log density of the posterior's 1-D density estimate ``q`` at ``grid`` (unnormalised on
-        the truncated range: :func:`~fedbayes_flwr.metrics.mixture_1d_kl` renormalises it).
+        the truncated range: :func:`~fedbayes_flwr.evaluation.metrics.mixture_1d_kl` renormalises it).
 
         A Gaussian posterior (``posterior.gaussian``) is its own density ``N(mean, std^2)``; any
         other (particles, samples) the Gaussian KDE of ``posterior.draws()`` (all stored draws of
-        a :class:`~fedbayes_flwr.posterior.SamplePosterior`) with bandwidth
+        a :class:`~fedbayes_flwr.inference.posterior.SamplePosterior`) with bandwidth
         ``kde_bandwidth(particles, "auto")`` (Scott's rule).
         """
-        from ..svgd import kde_bandwidth, kde_log_density
+        from fedbayes_flwr.algorithms.dsvgd.svgd import kde_bandwidth, kde_log_density
 
         grid = np.asarray(grid, dtype=np.float64).reshape(-1)
         if posterior.gaussian:
@@ -111,7 +111,7 @@ class MixtureLikelihood1D(Model):
 
         ``q_opt ∝ U(-6, 6) prod_i (row i's likelihood)`` over the rows ``x``; ``q`` is
         :meth:`log_q_on_grid` truncated to ``[-6, 6]`` and renormalised there. Both are
-        evaluated by the trapezoid rule on :func:`~fedbayes_flwr.metrics.mixture_1d_grid`
+        evaluated by the trapezoid rule on :func:`~fedbayes_flwr.evaluation.metrics.mixture_1d_grid`
         (4001 points); ``mean`` is the mean of that truncated ``q``.
 
         References

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import functools
 
-from .. import gaussian as G
-from ..gaussian import NaturalGaussian
-from .ar1 import AR1StudentT
-from .base import Model
-from .bnn import BNNClassifier, BNNRegression
-from .linear import GaussianMean, LinearRegression, LogisticHyperprior, LogisticRegression
-from .mixture import MixtureLikelihood1D
-from .structured import STRUCTURED_CLASSES
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.models.ar1 import AR1StudentT
+from fedbayes_flwr.models.base import Model
+from fedbayes_flwr.models.bnn import BNNClassifier, BNNRegression
+from fedbayes_flwr.models.linear import (
+    GaussianMean,
+    LinearRegression,
+    LogisticHyperprior,
+    LogisticRegression,
+)
+from fedbayes_flwr.models.mixture import MixtureLikelihood1D
+from fedbayes_flwr.models.structured import STRUCTURED_CLASSES
 
 _CLASSES: dict[str, type[Model]] = {
     cls.name: cls

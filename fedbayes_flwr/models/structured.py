@@ -1,10 +1,11 @@
 """Mean-field exponential-family models with label symmetry: ``gmm``, ``lda``, ``latent-feature``.
 
 These are not likelihoods over one parameter vector: their posteriors are NamedTuples of
-:mod:`fedbayes_flwr.expfam` blocks fitted by coordinate ascent (:mod:`fedbayes_flwr.vb`), and
+:mod:`fedbayes_flwr.inference.expfam` blocks fitted by coordinate ascent
+(:mod:`fedbayes_flwr.inference.vb`), and
 only the AMPS family (``amps``, ``naive-merge``, ``batch-vb``, ``local-only``) runs them. The
 classes here are the registry's view of them: the CLI name, the data they need, their test
-metrics, and :meth:`StructuredModel.vb`, which builds the :class:`~fedbayes_flwr.vb.VBModel`
+metrics, and :meth:`StructuredModel.vb`, which builds the :class:`~fedbayes_flwr.inference.vb.VBModel`
 from the run's settings:
 
 * ``K`` = ``amps.components``; ``D`` = the data's columns (``lda``: the vocabulary);
@@ -27,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import gaussian as G
-from ..gaussian import NaturalGaussian
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
 
 
 class StructuredModel:
@@ -66,7 +67,7 @@ class StructuredModel:
         return G.from_moments(np.zeros(1), np.full(1, float(prior_scale) ** 2))
 
     def vb(self, config, num_features: int, stand_in: NaturalGaussian, prior_precision=None):
-        """The :class:`~fedbayes_flwr.vb.VBModel` for the run (``config``: the AMPS section)."""
+        """The :class:`~fedbayes_flwr.inference.vb.VBModel` for the run (``config``: the AMPS section)."""
         raise NotImplementedError
 
     def check_data(self, x: np.ndarray) -> str | None:
@@ -83,24 +84,24 @@ def _prior_var(stand_in: NaturalGaussian) -> float:
 
 
 class GMMModel(StructuredModel):
-    """``gmm``: Gaussian mixture with known variance (:class:`fedbayes_flwr.vb.gmm.GMM`)."""
+    """``gmm``: Gaussian mixture with known variance (:class:`fedbayes_flwr.inference.vb.gmm.GMM`)."""
 
     name = "gmm"
 
     def vb(self, config, num_features, stand_in, prior_precision=None):
-        from ..vb.gmm import GMM
+        from fedbayes_flwr.inference.vb.gmm import GMM
 
         return GMM(config.components, num_features, self.noise_scale**2, _prior_var(stand_in),
                    config.concentration)
 
 
 class LDAModel(StructuredModel):
-    """``lda``: latent Dirichlet allocation on word counts (:class:`fedbayes_flwr.vb.lda.LDA`)."""
+    """``lda``: latent Dirichlet allocation on word counts (:class:`fedbayes_flwr.inference.vb.lda.LDA`)."""
 
     name = "lda"
 
     def vb(self, config, num_features, stand_in, prior_precision=None):
-        from ..vb.lda import LDA
+        from fedbayes_flwr.inference.vb.lda import LDA
 
         return LDA(config.components, num_features, config.doc_concentration or None,
                    config.topic_concentration)
@@ -115,13 +116,13 @@ class LDAModel(StructuredModel):
 
 class LatentFeatureModel(StructuredModel):
     """``latent-feature``: the finite latent feature model
-    (:class:`fedbayes_flwr.vb.latent_feature.LatentFeature`)."""
+    (:class:`fedbayes_flwr.inference.vb.latent_feature.LatentFeature`)."""
 
     name = "latent-feature"
     needs_moments = True
 
     def vb(self, config, num_features, stand_in, prior_precision=None):
-        from ..vb.latent_feature import LatentFeature
+        from fedbayes_flwr.inference.vb.latent_feature import LatentFeature
 
         return LatentFeature(config.components, num_features, self.noise_scale**2,
                              config.concentration, config.concentration,

@@ -1,0 +1,257 @@
+r"""Decentralized Metropolis-adjusted HMC with gradient tracking: the agents' maths (numpy).
+
+Notation: ``m`` agents on a connected graph with a symmetric doubly-stochastic mixing matrix
+``W`` (:mod:`fedbayes_flwr.algorithms.decentralized.graphs`), ``s`` mixing rounds per phase, step
+``epsilon``, unit mass.
+Agent ``i`` holds ``U_i(w) = -log p(D_i | w) - log p_0(w) / m`` (the prior split evenly, so
+``U = sum_i U_i`` counts it once), its parameter copy ``w_i``, the gradient tracker ``y_i``
+(an estimate of the AVERAGE ``(1/m) sum_j grad U_j``; the network gradient is ``m y_i``), the
+energy tracker ``aleph_i`` (the average local energy change) and the last local quantities it
+contributed (``g_last_i = grad U_i`` at its current ``w_i``, ``c_last_i``). Everything is
+vectorised over ``K`` independent chains (leading axes ``(..., K, d)``).
+
+**One iteration** (velocity Verlet, one leapfrog step; ``p`` and the uniform ``u`` are SHARED:
+every agent draws them from the same seed, keyed on the run seed and the iteration):
+
+1. *begin*: ``p_half = p - (epsilon / 2) m y_i``, ``Delta_i = epsilon p_half``,
+   ``z_i = w_i + Delta_i``; the local energy change along the step,
+
+       taylor (the paper):  c_i = g_last_i . Delta_i + (1/2) Delta_i^T H_i(w_i) Delta_i,
+       exact:               c_i = U_i(z_i) - U_i(w_i);
+
+   broadcast ``z_i`` and ``a_i = aleph_i + c_i - c_last_i``.
+2. ``s`` mixing rounds: ``z <- W z``, ``a <- W a`` (the new ``aleph'``).
+3. *track*: ``b_i = y_i + grad U_i(z'_i) - g_last_i``; broadcast ``b_i`` and ``y_i``; ``s``
+   rounds give ``y'_i = (W^s b)_i`` (the tracker if the move is accepted) and ``(W^s y)_i``
+   (if it is rejected). The difference is added ONCE, then mixed (``y <- W^s (y + delta)``), so
+   ``mean_i y_i = mean_i grad U_i(current w_i)`` exactly at every iteration.
+4. *finish*: ``p' = p_half - (epsilon / 2) m y'_i`` and the energy change
+
+       Delta H_i = m aleph'_i + |p'|^2 / 2 - |p|^2 / 2,
+
+   accepted when ``log u < -Delta H_i``; then ``w_i = z'_i``, ``y_i = y'_i``,
+   ``g_last_i = grad U_i(z'_i)``, else the agent keeps ``w_i`` and ``g_last_i`` and takes
+   ``y_i = (W^s y)_i``. Either way ``aleph_i = aleph'_i``, ``c_last_i = c_i``.
+
+**Why this Metropolis term.** With ``Delta = epsilon p - (epsilon^2 / 2) g`` (``g = grad U(w)``)
+the exact energy change of one leapfrog step is ``U(w + Delta) - U(w) + |p'|^2/2 - |p|^2/2``.
+With consensus (all ``w_i`` equal, trackers at their averages) ``m aleph' = sum_i c_i`` and
+``m y' = grad U(z)``: the ``taylor`` term is the second-order expansion
+``g . Delta + Delta^T H Delta / 2`` of ``U(w + Delta) - U(w)`` (exact for a quadratic ``U``;
+its error is the third-order remainder, ``O(|Delta|^3) = O(epsilon^3)``), the kinetic part is
+exact, so ``Delta H`` is exact on Gaussian targets (tested) and the test is the standard HMC
+test; ``exact`` uses the local potential differences themselves. Away from consensus the
+agents' ``Delta H_i`` differ slightly and they may disagree (the shared ``u`` makes that rare;
+the rate is reported).
+
+**Several leapfrog steps** (``L > 1``, exact energy): the trajectory repeats phases 2-3 at each
+position, ``z_l`` mixed, the tracker carried along it (``b_l = y_{l-1} + grad U_i(z_l') -
+grad U_i(z_{l-1}')``, mixed) and :func:`advance` taking the full momentum step; the rejection
+tracker ``W^{sL} y`` is mixed alongside; the energy change ``c_i = U_i(z_L) - U_i(w_i)`` enters
+the energy tracker with the last position. Cost: ``2 s L`` exchanges per iteration.
+
+``integrator = "euler"`` is the paper's single symplectic-Euler step ("decentralized MALA"):
+``p' = p - epsilon m y_i``, ``Delta = epsilon p'``; the same energy term with that ``p'``. It is
+not reversible, so the test does not correct its bias; it is kept as a measured baseline.
+
+**Warm-up.** For the first ``warmup`` iterations the test is off (every proposal accepted, the
+paper's MH burn-in) and the shared step size is adapted by dual averaging on the agents' mean
+acceptance probability (:class:`DualAveraging`; the server does it and sends ``epsilon``).
+
+References
+----------
+Kungurtsev, Cobb, Javidi & Jalaian (2023), "Decentralized Bayesian Learning with
+Metropolis-Adjusted Hamiltonian Monte Carlo", Algorithm 1 (gradient tracking, multiple mixing
+rounds, the Taylor-approximated Metropolis step); Nedic, Olshevsky & Shi (2017), "Achieving
+geometric convergence for distributed optimization over time-varying graphs" (gradient
+tracking); Neal (2011), "MCMC using Hamiltonian dynamics" (leapfrog, acceptance);
+Hoffman & Gelman (2014), "The No-U-Turn Sampler", Algorithm 5 (dual averaging).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+INTEGRATORS = ("leapfrog", "euler")
+ENERGIES = ("taylor", "exact")
+
+
+class LocalPotential:
+    """``U_i = U_lik + U_prior / m`` from a likelihood potential and the prior's."""
+
+    def __init__(self, likelihood, prior, num_agents: int):
+        self.lik, self.prior, self.share = likelihood, prior, 1.0 / num_agents
+        self.dim = likelihood.dim
+
+    def grad(self, x):
+        return self.lik.grad(x) + self.share * self.prior.grad(x)
+
+    def value(self, x):
+        return self.lik.value(x) + self.share * self.prior.value(x)
+
+    def hess_quad(self, x, v):
+        return self.lik.hess_quad(x, v) + self.share * self.prior.hess_quad(x, v)
+
+
+class AgentState(NamedTuple):
+    """One agent's iterate for ``K`` chains, and what it carries between the phases."""
+
+    w: np.ndarray
+    y: np.ndarray
+    g_last: np.ndarray
+    aleph: np.ndarray
+    c_last: np.ndarray
+    p: np.ndarray
+    p_half: np.ndarray
+    c: np.ndarray
+    grad_z: np.ndarray
+
+
+def init_agent(potential, w0: np.ndarray) -> AgentState:
+    """Start at ``w0 (K, d)`` (the same at every agent): ``y = g_last = grad U_i(w0)``."""
+    g = potential.grad(w0)
+    k, d = w0.shape
+    zeros = np.zeros(k)
+    return AgentState(w0.copy(), g.copy(), g, zeros, zeros.copy(), np.zeros((k, d)),
+                      np.zeros((k, d)), zeros.copy(), np.zeros((k, d)))
+
+
+def begin(state: AgentState, potential, p: np.ndarray, epsilon, num_agents: int,
+          integrator: str = "leapfrog", energy: str = "taylor"):
+    """Phase 1: the proposal step. Returns ``(state, z, a)`` (``z``, ``a`` to broadcast)."""
+    eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
+    g = num_agents * state.y
+    if integrator == "euler":
+        p_half = p - eps * g
+    else:
+        p_half = p - 0.5 * eps * g
+    delta = eps * p_half
+    z = state.w + delta
+    if energy == "exact":
+        c = potential.value(z) - potential.value(state.w)
+    else:
+        c = np.sum(state.g_last * delta, axis=-1) + 0.5 * potential.hess_quad(state.w, delta)
+    a = state.aleph + c - state.c_last
+    return state._replace(p=p, p_half=p_half, c=c), z, a
+
+
+def track(state: AgentState, potential, z_mixed: np.ndarray, y=None, g_last=None):
+    """Phase 2: the gradient at the mixed proposal and the tracker's increment
+    ``b = y + grad U_i(z') - g_last`` (defaults: the iteration's ``y`` and ``g_last``; along a
+    multi-step trajectory, the tracker and local gradient of the previous position). Returns
+    ``(state, b)`` (``b`` to broadcast and mix)."""
+    grad_z = potential.grad(z_mixed)
+    y = state.y if y is None else y
+    g_last = state.g_last if g_last is None else g_last
+    return state._replace(grad_z=grad_z), y + grad_z - g_last
+
+
+def advance(state: AgentState, potential, z_mixed: np.ndarray, y_mixed: np.ndarray, epsilon,
+            num_agents: int, last: bool):
+    """An inner step of an ``L``-step leapfrog trajectory (``L > 1``): the full momentum step
+    with the tracked network gradient at the mixed position, ``p_half <- p_half - epsilon m y'``,
+    and the next position ``z = z' + epsilon p_half``; at the last position (``last``) the local
+    energy change ``c = U_i(z_L) - U_i(w_i)`` (exact energy). Returns ``(state, z)``; the
+    caller broadcasts ``z`` with ``aleph`` (inner steps: pure mixing, the trackers' averages
+    unchanged) or ``aleph + c - c_last`` (the last)."""
+    eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
+    p_half = state.p_half - eps * num_agents * y_mixed
+    z = z_mixed + eps * p_half
+    c = potential.value(z) - potential.value(state.w) if last else state.c
+    return state._replace(p_half=p_half, c=c), z
+
+
+class Outcome(NamedTuple):
+    """Per chain: the energy change, acceptance probability and decision."""
+
+    delta_h: np.ndarray
+    accept_prob: np.ndarray
+    accepted: np.ndarray
+
+
+def decide(state: AgentState, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
+           num_agents: int, integrator: str = "leapfrog", metropolis: bool = True) -> Outcome:
+    """Phase 3a: this agent's energy change, acceptance probability and decision."""
+    eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
+    if integrator == "euler":
+        p_new = state.p_half
+    else:
+        p_new = state.p_half - 0.5 * eps * num_agents * y_mixed
+    kinetic = 0.5 * np.sum(p_new**2, axis=-1) - 0.5 * np.sum(state.p**2, axis=-1)
+    delta_h = num_agents * aleph_mixed + kinetic
+    with np.errstate(over="ignore", invalid="ignore"):
+        prob = np.where(np.isfinite(delta_h), np.minimum(1.0, np.exp(-delta_h)), 0.0)
+    accepted = (log_u < -delta_h) if metropolis else np.ones_like(delta_h, dtype=bool)
+    return Outcome(delta_h, prob, accepted)
+
+
+def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, accepted) -> AgentState:
+    """Phase 3b: move to the proposal where ``accepted``; keep the iterate otherwise.
+
+    ``y_mixed = W^s (y + grad U_i(z') - g_last)`` is the tracker after a move and
+    ``y_kept = W^s y`` after a rejection: the tracker is mixed either way, so
+    ``mean_i y_i = mean_i g_last_i`` holds whatever is decided (keeping the unmixed ``y`` on a
+    rejection would leave each agent with its own local gradient for as long as proposals are
+    rejected)."""
+    keep = np.asarray(accepted)[..., None]
+    return state._replace(w=np.where(keep, z_mixed, state.w),
+                          y=np.where(keep, y_mixed, y_kept),
+                          g_last=np.where(keep, state.grad_z, state.g_last),
+                          aleph=aleph_mixed, c_last=state.c)
+
+
+def finish(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, log_u: np.ndarray, epsilon,
+           num_agents: int, integrator: str = "leapfrog", metropolis: bool = True):
+    """Phase 3 with this agent's own decision: ``(state, outcome)``."""
+    out = decide(state, aleph_mixed, y_mixed, log_u, epsilon, num_agents, integrator,
+                 metropolis)
+    return apply(state, z_mixed, aleph_mixed, y_mixed, y_kept, out.accepted), out
+
+
+def shared_draws(rng: np.random.Generator, k: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """The iteration's momentum ``p (K, d)`` and ``log u (K,)``, identical at every agent."""
+    p = rng.standard_normal((k, d))
+    return p, np.log(rng.random(k))
+
+
+class DualAveraging(NamedTuple):
+    """Dual-averaging state for the shared step size (Hoffman & Gelman 2014, Algorithm 5)."""
+
+    log_eps: float
+    log_eps_bar: float
+    h_bar: float
+    mu: float
+    count: int
+
+
+def dual_averaging_init(epsilon0: float) -> DualAveraging:
+    """Start at ``epsilon0`` and shrink towards it (``mu = log epsilon0``, not Hoffman &
+    Gelman's ``log 10 epsilon0``: with the Metropolis test off during the warm-up an unstable
+    step would carry the chains away instead of being rejected)."""
+    return DualAveraging(float(np.log(epsilon0)), float(np.log(epsilon0)), 0.0,
+                         float(np.log(epsilon0)), 0)
+
+
+def dual_averaging_step(state: DualAveraging, accept_prob: float, target: float = 0.6,
+                        gamma: float = 0.05, t0: float = 10.0, kappa: float = 0.75
+                        ) -> DualAveraging:
+    """One update towards mean acceptance probability ``target`` (growth capped at 1.5x per
+    iteration)."""
+    t = state.count + 1
+    h_bar = (1 - 1 / (t + t0)) * state.h_bar + (target - accept_prob) / (t + t0)
+    # at most a factor 1.5 up per iteration (the test is off: a step too large is not rejected)
+    log_eps = min(state.mu - np.sqrt(t) / gamma * h_bar, state.log_eps + np.log(1.5))
+    weight = t ** (-kappa)
+    log_eps_bar = weight * log_eps + (1 - weight) * state.log_eps_bar
+    return DualAveraging(float(log_eps), float(log_eps_bar), float(h_bar), state.mu, t)
+
+
+def consensus_error(w: np.ndarray, posterior_var: np.ndarray | None = None) -> float:
+    """Mean over chains and coordinates of the agents' variance around their average
+    (``w (m, K, d)``), relative to ``posterior_var (d,)`` when given."""
+    spread = np.var(w, axis=0)  # (K, d)
+    if posterior_var is not None:
+        spread = spread / posterior_var
+    return float(np.mean(spread))

@@ -1,0 +1,298 @@
+"""Checkpoints: what a stopped run needs to continue, written atomically after every history row.
+
+A checkpoint (``checkpoint.npz`` in the run's output directory) holds
+
+* the run config (``result.json``'s ``run_config``) and the bundle's name;
+* the engine's loop state: the number of server updates made (the last recorded one), and the
+  virtual clock of apply-on-arrival runs. Seeds are stateless (keyed on the run seed, the update
+  number, the partition and the attempt: :func:`fedbayes_flwr.algorithms.base.client_seed`), so
+  the update number *is* the random state;
+* the bundle's server state (any NamedTuple of arrays, scalars, nested NamedTuples and tuples);
+* every client's state (in-process: the engine's own; Flower: uploaded by each node at checkpoint
+  time, :mod:`clients.handler`), with the per-client *version* the server last saw, so a node
+  that lost its state is detected instead of silently restarting from scratch;
+* the recorder's history and counters.
+
+Everything is stored without pickle: arrays in one ``.npz`` file, the structure (NamedTuple types
+by module and qualified name, looked up among the modules already imported: the registry's and
+the run's ``algorithm-modules``; no other name in the file is imported), scalars and the history
+as JSON in the same file. The file is written to a
+temporary name and renamed (``os.replace``), so a crash leaves the previous checkpoint whole.
+
+Resuming a deterministic (barrier) schedule reproduces the uninterrupted run bit for bit. An
+apply-on-arrival run resumes from its checkpointed state with every client idle (the replies in
+flight when it stopped are dropped; commit-on-acknowledgement clients discard the factors those
+replies proposed), so it continues correctly but not bit for bit.
+
+The Flower side (asking nodes for their states, putting them back, versions) is
+:mod:`strategies.checkpointing`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import warnings
+from typing import Any, NamedTuple
+
+import numpy as np
+
+FILE = "checkpoint.npz"
+FORMAT_VERSION = 1
+_META = "__meta__"
+
+
+# Flower glue: the client-state exchange (query.<bundle> messages with these actions) and the
+# version every request and reply carries (the number of requests the client has processed).
+STATE_GET, STATE_PUT = "client-state.get", "client-state.put"
+VERSION_KEY = "client-version"
+STATE_LOST = "client state lost"
+
+
+class StateAck(NamedTuple):
+    """Body of a client-state query and of its acknowledgement: the client's version."""
+
+    version: int
+
+
+def is_stateful(template) -> bool:
+    """Whether a client state template holds anything (stateless clients keep empty arrays)."""
+    arrays: list = []
+    scalars = '"v":' in json.dumps(flatten(template, arrays))
+    return scalars or any(a.size > 0 for a in arrays)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read or does not fit the run (one line naming what)."""
+
+
+class Checkpoint(NamedTuple):
+    """A run's resumable state.
+
+    Attributes
+    ----------
+    bundle : str
+        The bundle's name.
+    engine : str
+        The engine that wrote it (``in-process``, ``simulation``, ...).
+    run_config : dict
+        The kebab-case run config (``RunConfig.to_run_config()``).
+    update : int
+        Server updates made (the last history row's ``round``).
+    server_state : NamedTuple
+        The bundle's server state after ``update``.
+    client_states : tuple
+        Every partition's client state, in partition order (``()`` when not collected).
+    client_versions : tuple of int
+        Per partition, the client-state version the server last saw (Flower; ``()`` otherwise).
+    history : list of dict
+        The recorder's rows.
+    counters : dict
+        The recorder's ``accepted`` / ``rejected`` totals and ``elapsed_s``; the engine's
+        ``virtual_time`` (apply-on-arrival).
+    """
+
+    bundle: str
+    engine: str
+    run_config: dict
+    update: int
+    server_state: Any
+    client_states: tuple = ()
+    client_versions: tuple = ()
+    history: list = []
+    counters: dict = {}
+
+
+# ---------------------------------------------------------------------------- structure <-> JSON
+def _is_namedtuple(obj) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def flatten(obj, arrays: list) -> Any:
+    """A JSON-able description of ``obj``; its arrays are appended to ``arrays`` (by index).
+
+    Handles NamedTuples (by type), tuples, lists, dicts with string keys, numpy arrays and
+    scalars (kept with their dtype), Python scalars and None.
+    """
+    if _is_namedtuple(obj):
+        cls = type(obj)
+        return {"nt": f"{cls.__module__}:{cls.__qualname__}",
+                "f": {name: flatten(value, arrays) for name, value in zip(obj._fields, obj,
+                                                                          strict=True)}}
+    if isinstance(obj, np.ndarray | np.generic):
+        arrays.append(np.asarray(obj))
+        return {"a": len(arrays) - 1, "scalar": isinstance(obj, np.generic)}
+    if isinstance(obj, tuple | list):
+        return {"t" if isinstance(obj, tuple) else "l": [flatten(v, arrays) for v in obj]}
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError("checkpoint: dict keys must be strings")
+        return {"d": {k: flatten(v, arrays) for k, v in obj.items()}}
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return {"v": obj}
+    raise TypeError(f"checkpoint: cannot store a {type(obj).__name__}")
+
+
+def _namedtuple_class(name: str):
+    module, _, qualname = name.partition(":")
+    owner = sys.modules.get(module)  # never import what a file names: only known modules
+    if owner is None:
+        raise CheckpointError(f"checkpoint: type {name} belongs to a module that is not loaded")
+    cls = owner
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        raise CheckpointError(f"checkpoint: {name} is not a NamedTuple type")
+    return cls
+
+
+def unflatten(desc, arrays) -> Any:
+    """Inverse of :func:`flatten`."""
+    if "nt" in desc:
+        cls = _namedtuple_class(desc["nt"])
+        if set(desc["f"]) != set(cls._fields):
+            raise CheckpointError(f"checkpoint: {desc['nt']} has fields {list(cls._fields)}, "
+                                  f"the file {list(desc['f'])}")
+        return cls(**{k: unflatten(v, arrays) for k, v in desc["f"].items()})
+    if "a" in desc:
+        value = arrays[f"a{desc['a']}"]
+        return value[()] if desc["scalar"] else value
+    if "t" in desc:
+        return tuple(unflatten(v, arrays) for v in desc["t"])
+    if "l" in desc:
+        return [unflatten(v, arrays) for v in desc["l"]]
+    if "d" in desc:
+        return {k: unflatten(v, arrays) for k, v in desc["d"].items()}
+    return desc["v"]
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+# ---------------------------------------------------------------------------- files
+def path_in(output_dir: str) -> str:
+    return os.path.join(output_dir, FILE)
+
+
+def save(output_dir: str, ckpt: Checkpoint) -> str:
+    """Write ``ckpt`` to ``output_dir/checkpoint.npz`` atomically; returns the path."""
+    arrays: list = []
+    structure = {"server_state": flatten(ckpt.server_state, arrays),
+                 "client_states": flatten(tuple(ckpt.client_states), arrays)}
+    meta = {"format": FORMAT_VERSION, "bundle": ckpt.bundle, "engine": ckpt.engine,
+            "run_config": ckpt.run_config, "update": int(ckpt.update),
+            "client_versions": [int(v) for v in ckpt.client_versions],
+            "history": ckpt.history, "counters": ckpt.counters, "structure": structure}
+    buffer = io.BytesIO()
+    np.savez(buffer, **{_META: np.array(json.dumps(meta, default=_json_default))},
+             **{f"a{i}": a for i, a in enumerate(arrays)})
+    path = path_in(output_dir)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(buffer.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load(output_dir: str) -> Checkpoint:
+    """Read the checkpoint of ``output_dir``; :class:`CheckpointError` names what is wrong.
+
+    The registry's bundles and the run's own ``algorithm-modules`` (which the resumed run
+    imports anyway) are loaded first, so the state types resolve."""
+    path = path_in(output_dir)
+    if not os.path.isfile(path):
+        where = repr(output_dir) if os.path.isabs(output_dir) else \
+            f"{output_dir!r} (= {os.path.abspath(output_dir)})"
+        raise CheckpointError(f"resume: no {FILE} in {where} (a run writes one after every "
+                              f"recorded update)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays.pop(_META)))
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"resume: cannot read {path} ({err})") from None
+    if meta.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"resume: {path} has format {meta.get('format')!r}, expected "
+                              f"{FORMAT_VERSION}")
+    from fedbayes_flwr.algorithms import registry  # the state types live in the bundles' modules
+
+    registry.bundles()
+    registry.load_modules(str(meta["run_config"].get("algorithm-modules", "")))
+    structure = meta["structure"]
+    return Checkpoint(meta["bundle"], meta["engine"], meta["run_config"], int(meta["update"]),
+                      unflatten(structure["server_state"], arrays),
+                      unflatten(structure["client_states"], arrays),
+                      tuple(meta["client_versions"]), meta["history"], meta["counters"])
+
+
+def check_fits(ckpt: Checkpoint, bundle_name: str, template) -> None:
+    """Raise :class:`CheckpointError` unless ``ckpt`` holds ``bundle_name``'s server state of
+    the template's type."""
+    if ckpt.bundle != bundle_name:
+        raise CheckpointError(f"resume: the checkpoint is of bundle {ckpt.bundle!r}, the run "
+                              f"uses {bundle_name!r}")
+    if type(ckpt.server_state) is not type(template):
+        raise CheckpointError(f"resume: the checkpoint's server state is a "
+                              f"{type(ckpt.server_state).__name__}, the bundle's a "
+                              f"{type(template).__name__}")
+
+
+def check_client_count(ckpt: Checkpoint, num_clients: int) -> None:
+    """Raise :class:`CheckpointError` unless ``ckpt`` holds one client state per partition."""
+    if len(ckpt.client_states) != num_clients:
+        raise CheckpointError(f"resume: the checkpoint holds {len(ckpt.client_states)} client "
+                              f"states, the run has {num_clients} partitions")
+
+
+def resume_config(ckpt: Checkpoint, output_dir: str, num_rounds: int | None = None):
+    """The run config of a resumed run: the stored one, in ``output_dir``, with ``num_rounds``
+    total updates when given (:class:`fedbayes_flwr.runtime.config.RunConfig`)."""
+    from fedbayes_flwr.runtime.config import parse_run_config
+
+    values = {**ckpt.run_config, "output-dir": os.path.abspath(output_dir)}
+    if num_rounds is not None:
+        values["num-rounds"] = int(num_rounds)
+    config = parse_run_config(values)
+    if config.bundle_name != ckpt.bundle:
+        raise CheckpointError(f"resume: the stored run config selects bundle "
+                              f"{config.bundle_name!r}, the checkpoint holds {ckpt.bundle!r}")
+    return config
+
+
+# run-config keys a resumed run may set differently from the stored run
+RESUME_MAY_CHANGE = ("num-rounds", "output-dir", "resume")
+
+
+def resumed(config):
+    """``(config, checkpoint)`` for a run config whose ``resume`` key names a stored run's
+    output directory; ``(config, None)`` when ``resume`` is empty.
+
+    The returned config is the stored run's (:func:`resume_config`) with this config's
+    ``num-rounds`` (total updates) and ``resume``, writing to the stored run's directory.
+    Every other key must equal the stored value: under ``flwr run`` the ClientApps read the
+    same run config as the ServerApp, so a different value would make another experiment.
+    Raises :class:`CheckpointError` naming each key that differs (stored and given values).
+    """
+    if not config.resume:
+        return config, None
+    ckpt = load(config.resume)
+    stored = resume_config(ckpt, config.resume, config.num_rounds)
+    want, given = stored.to_run_config(), config.to_run_config()
+    differ = [f"{k}: stored {want[k]!r}, given {given.get(k)!r}" for k in sorted(want)
+              if k not in RESUME_MAY_CHANGE and given.get(k) != want[k]]
+    if differ:
+        raise CheckpointError(f"resume: the run config must be the stored run's (only "
+                              f"num-rounds may change); differs in {'; '.join(differ)}")
+    if os.path.abspath(config.output_dir) != stored.output_dir:
+        warnings.warn(f"output-dir {config.output_dir!r} is not used: the resumed run goes on "
+                      f"in {stored.output_dir}", stacklevel=2)
+    return stored.replace(resume=stored.output_dir), ckpt

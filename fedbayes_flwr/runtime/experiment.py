@@ -1,0 +1,145 @@
+"""An experiment: data, partitions, model, prior and the algorithm's bundle from a RunConfig.
+
+:func:`build_experiment` is called identically by the in-process engine, by Flower's ServerApp
+(for the prior and the test set) and by each ClientApp (for its partition), so every engine sees
+the same data. It is cached: ClientApps call it for every message.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+
+from fedbayes_flwr.algorithms import registry
+from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, ClientData, Setup
+from fedbayes_flwr.data import DataError, Dataset, load_dataset, partition_indices
+from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.models import Model, make_model, model_class, parse_hidden
+from fedbayes_flwr.runtime.config import RunConfig, section_items
+
+
+class Experiment(NamedTuple):
+    config: RunConfig
+    dataset: Dataset
+    partitions: tuple[np.ndarray, ...]
+    model: Model
+    prior: NaturalGaussian
+    bundle: Bundle
+    setup: Setup
+    actions: dict[str, ActionSpec]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.partitions)
+
+    def client_data(self, partition_id: int) -> ClientData:
+        """Training rows of ``partition_id``."""
+        if not 0 <= partition_id < self.num_clients:
+            raise ValueError(f"partition id {partition_id} outside 0..{self.num_clients - 1}")
+        idx = self.partitions[partition_id]
+        y = self.dataset.y_train
+        return ClientData(self.dataset.x_train[idx], None if y is None else y[idx])
+
+
+@functools.lru_cache(maxsize=8)
+def build_experiment(config: RunConfig) -> Experiment:
+    """Load data, split it, make the model, prior and the bundle's :class:`Setup`.
+
+    One client (``num-clients = 1``, e.g. ``global-vi``) holds every training row in order.
+    """
+    registry.load_modules(config.algorithm_modules)
+    registry.get(config.algorithm)  # an unknown name fails before any data is loaded
+    cls = model_class(config.model)
+    dataset = load_dataset(config.dataset, cls.target, synthetic=cls.synthetic, seed=config.seed,
+                           test_fraction=config.test_fraction, data_file=config.data,
+                           synthetic_size=config.synthetic_size,
+                           synthetic_dim=config.synthetic_dim, noise_scale=config.noise_scale)
+    if config.num_clients == 1:
+        partitions = (np.arange(dataset.x_train.shape[0]),)
+    else:
+        partitions = tuple(partition_indices(
+            dataset, config.num_clients, config.partition, alpha=config.partition_alpha,
+            classes_per_client=config.partition_classes, seed=config.seed))
+    exp = assemble(config, dataset, partitions, num_classes(dataset))
+    check = getattr(exp.model, "check_data", None)  # structured models: e.g. LDA needs counts
+    reason = check(dataset.x_train) if check else None
+    if reason:
+        raise DataError(f"dataset {dataset.name!r}: {reason}")
+    return exp
+
+
+def assemble(config: RunConfig, dataset: Dataset, partitions: tuple[np.ndarray, ...],
+             classes: int) -> Experiment:
+    """The model, prior and :class:`Setup` of ``config`` over loaded, partitioned data (a
+    node's cached partition too: :mod:`fedbayes_flwr.runtime.partition_cache`)."""
+    bundle = registry.get(config.algorithm).bundle
+    model = make_model(config.model, config.noise_scale, parse_hidden(config.hidden_layers),
+                       classes)
+    num_features = dataset.x_train.shape[1]
+    diag = bundle.prior_diag(config.section, model)
+    prior = model.prior(num_features, config.prior_scale, diag)
+    setup = Setup(model, prior, len(partitions), num_features, config.seed, config.section)
+    return Experiment(config, dataset, partitions, model, prior, bundle, setup,
+                      bundle.actions(setup))
+
+
+def num_classes(dataset: Dataset) -> int:
+    """Number of classes of integer-labelled data (1 for regression / no labels).
+
+    Labels number the classes ``0..K-1``. More classes than labelled rows (train and test),
+    i.e. classes with no example anywhere, is a labelling mistake (a missing-value code such as
+    999999 among the labels) and raises :class:`DataError` instead of building a model with
+    ``K`` outputs (gigabytes of parameters, or a MemoryError)."""
+    y = dataset.y_train
+    if y is None or not np.issubdtype(y.dtype, np.integer):
+        return 1
+    classes = int(max(y.max(), dataset.y_test.max() if dataset.y_test is not None else 0)) + 1
+    rows = y.size + (0 if dataset.y_test is None else dataset.y_test.size)
+    if classes > max(rows, 2):
+        raise DataError(f"dataset {dataset.name!r}: labels run up to {classes - 1}, i.e. "
+                        f"{classes} classes for {rows} labelled rows; class labels must number "
+                        f"the classes 0..K-1")
+    return classes
+
+
+def payload_nbytes(obj) -> int:
+    """Bytes of array payload in a message (NamedTuples of arrays, nested)."""
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, tuple):
+        return sum(payload_nbytes(o) for o in obj)
+    return 0
+
+
+# Keys a node may set for itself (its own data file, its own speed, where the server writes) and
+# keys only the server reads: never compared between server and clients.
+NODE_LOCAL_KEYS = ("data", "client-delay", "output-dir")
+# A request carries the server's fingerprint under this ConfigRecord prefix; a client whose own
+# differs fails with a message starting with MISMATCH (the strategy stops the run on it).
+EXPECT, MISMATCH = "expect.", "experiment mismatch"
+SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries", "node-timeout", "round-timeout",
+                    "resume")
+
+
+def fingerprint(bundle_name: str, setup: Setup, run_config: dict | None = None) -> dict:
+    """The settings that define an experiment, which server and clients must share.
+
+    Always the bundle, the number of partitions, the parameter dimension, the run seed and the
+    bundle's config section; plus every key of ``run_config`` (a kebab-case run config) except
+    :data:`NODE_LOCAL_KEYS` and :data:`SERVER_ONLY_KEYS`.
+    """
+    out = {"bundle": bundle_name, "num-clients": int(setup.num_clients),
+           "param-dim": int(setup.prior.dim), "seed": int(setup.run_seed)}
+    out.update({f"{bundle_name}.{k}": v for k, v in section_items(setup.config).items()})
+    for key, value in (run_config or {}).items():
+        if key not in NODE_LOCAL_KEYS and key not in SERVER_ONLY_KEYS and key not in out:
+            out[key] = value
+    return out
+
+
+def mismatches(expected: dict, actual: dict) -> list[str]:
+    """``"key: server X, this client Y"`` for every key of ``expected`` that differs."""
+    return [f"{k}: server {expected[k]!r}, this client {actual.get(k, '<unset>')!r}"
+            for k in sorted(expected) if actual.get(k) != expected[k]]

@@ -1,0 +1,212 @@
+"""Results on disk as the run goes: metrics from the posterior interface, ``result.json``,
+``posterior.npz`` and plots, rewritten at every evaluation point (``eval-every``), so a crash or a
+stop keeps what was finished, and event-based samplers with thousands of updates do not do
+quadratic I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed", "interrupted")
+# The files a run writes; a reused output directory loses these (and only these) at the start.
+RESULT_FILES = ("result.json", "posterior.npz", "metrics.png", "reliability.png",
+                "checkpoint.npz")
+
+
+class Recorder:
+    """Metrics per evaluation point; ``result.json`` written as the run goes."""
+
+    def __init__(self, experiment, engine: str, output_dir: str | None = None,
+                 progress: bool = True, resume=None, posterior=None):
+        """``resume`` (a :class:`fedbayes_flwr.runtime.checkpoint.Checkpoint`) continues its history,
+        counters and clock, and keeps the directory's files; ``posterior`` is its posterior."""
+        self.exp = experiment
+        self.engine = engine
+        self.output_dir = output_dir or experiment.config.output_dir
+        os.makedirs(self.output_dir, exist_ok=True)
+        for name in RESULT_FILES if resume is None else ():  # no earlier run's files here
+            path = os.path.join(self.output_dir, name)
+            if os.path.isfile(path):
+                os.remove(path)
+        self.history: list[dict] = list(resume.history) if resume else []
+        counters = resume.counters if resume else {}
+        self.t0 = time.perf_counter() - float(counters.get("elapsed_s", 0.0))
+        self.posterior = posterior
+        self._diagram = None
+        self.outcome, self.reason = "running", None
+        self.accepted = int(counters.get("accepted", 0))
+        self.rejected = int(counters.get("rejected", 0))
+        self._progress = _Progress(experiment.config.num_rounds, enabled=progress)
+
+    def record(self, update: int, posterior, log) -> dict:
+        """Evaluate ``posterior`` on the test set, append the row, rewrite the result files.
+
+        ``log`` is a :class:`fedbayes_flwr.runtime.engine.RoundLog` (the updates since the last row).
+        """
+        ds = self.exp.dataset
+        metrics, diagram = self.exp.model.metrics(posterior, ds.x_test, ds.y_test)
+        row = {"round": update, **metrics, **log.metrics,
+               "bytes_down": log.bytes_down, "bytes_up": log.bytes_up,
+               "elapsed_s": round(time.perf_counter() - self.t0, 4),
+               "rejected_replies": len(log.rejected),
+               "clients": list(log.clients)}
+        if log.retried:
+            row["retried_replies"] = log.retried
+        if log.rejected:
+            row["rejections"] = [r._asdict() for r in log.rejected]
+        if log.virtual_time is not None:
+            row["virtual_time"] = log.virtual_time
+        diagnostics = {**posterior.diagnostics(), **log.diagnostics}
+        if diagnostics:
+            row["diagnostics"] = diagnostics
+        self.history.append(row)
+        self.accepted += len(log.clients)
+        self.rejected += len(log.rejected)
+        if log.rejected and not log.clients:
+            r = log.rejected[0]
+            print(f"warning: update {update}: every reply was rejected ({len(log.rejected)}; "
+                  f"first: partition {r.partition_id}, {r.field}: {r.reason})", file=sys.stderr,
+                  flush=True)
+        self.posterior = posterior
+        self._diagram = diagram
+        if log.outcome is not None:
+            self.outcome = log.outcome
+        self._write()
+        self._progress.update(update, row)
+        return row
+
+    def checkpoint(self, update: int, server_state, client_states: tuple = (),
+                   client_versions: tuple = (), virtual_time: float | None = None,
+                   dead: tuple | list = ()) -> None:
+        """Write ``checkpoint.npz`` (atomically) after the row of ``update``: the server and
+        client states with this recorder's history (:mod:`fedbayes_flwr.runtime.checkpoint`); ``dead``:
+        partitions the run left out (a resumed run leaves them out too)."""
+        from fedbayes_flwr.runtime.checkpoint import Checkpoint, save
+
+        # the rows up to ``update`` (an asynchronous checkpoint lands after later rows)
+        history = [row for row in self.history if row["round"] <= update]
+        counters = {"accepted": sum(len(row["clients"]) for row in history),
+                    "rejected": sum(row["rejected_replies"] for row in history),
+                    "elapsed_s": history[-1]["elapsed_s"] if history else 0.0,
+                    "virtual_time": virtual_time, "dead": [int(p) for p in dead]}
+        save(self.output_dir, Checkpoint(
+            self.exp.bundle.name, self.engine, self.exp.config.to_run_config(), update,
+            server_state, tuple(client_states), tuple(client_versions), history, counters))
+
+    def _write(self) -> None:
+        c = self.exp.config
+        posterior_file = "posterior.npz"
+        if self.posterior is not None:
+            self.posterior.save(os.path.join(self.output_dir, posterior_file))
+        final = ({k: v for k, v in self.history[-1].items()
+                  if k not in ("clients", "rejections", "diagnostics")} if self.history else {})
+        if "prior_scale" in final:
+            final["learned_prior_scale"] = final["prior_scale"]
+        result = {"algorithm": c.algorithm, "bundle": self.exp.bundle.name, "model": c.model,
+                  "dataset": self.exp.dataset.name, "num_clients": self.exp.num_clients,
+                  "holdout_rows": int(getattr(self.exp.dataset, "holdout_rows", 0)),
+                  "seed": c.seed, "engine": self.engine, "outcome": self.outcome,
+                  "run_config": c.to_run_config(), "history": self.history, "final": final,
+                  "posterior_file": posterior_file if self.posterior is not None else None}
+        if self.reason:
+            result["reason"] = self.reason
+        write_json(os.path.join(self.output_dir, "result.json"), result)
+
+    def stop(self, reason: str, posterior=None) -> None:
+        """End a run that could not go on: the result files say ``stopped`` and why.
+
+        ``posterior`` (the state when it stopped, possibly past the last recorded row) is
+        written as ``posterior.npz``, so nothing computed is lost (a sampler's draws so far)."""
+        self.outcome, self.reason = "stopped", reason
+        if posterior is not None:
+            self.posterior = posterior
+        self.finish()
+        print(f"run stopped: {reason}", file=sys.stderr, flush=True)
+
+    def interrupt(self) -> None:
+        """End a run the user interrupted: keep the finished rows, write the plots."""
+        self.outcome = "interrupted"
+        self.reason = "interrupted by the user"
+        self.finish()
+
+    def finish(self) -> dict | None:
+        """Write the final result file and the plots (written once, at the end of the run,
+        however it ends), close the progress display; return the last row."""
+        from fedbayes_flwr.evaluation.plots import plot_history, plot_reliability
+
+        self._progress.close()
+        if self.history and self.accepted == 0 and self.outcome in ("running", "completed",
+                                                                    "done", "time-limit"):
+            self.outcome = "failed"
+            self.reason = (f"no update was accepted in {self.history[-1]['round']} updates "
+                           f"({self.rejected} replies rejected): the posterior is the prior")
+            print(f"error: {self.reason}", file=sys.stderr, flush=True)
+        elif self.outcome == "running":
+            self.outcome = "completed"
+        self._write()
+        if not self.history:
+            return None
+        title = f"{self.exp.config.algorithm} / {self.exp.config.model} / {self.exp.dataset.name}"
+        plot_history(self.history, os.path.join(self.output_dir, "metrics.png"), title)
+        if self._diagram is not None:
+            plot_reliability(self._diagram, os.path.join(self.output_dir, "reliability.png"),
+                             title)
+        return self.history[-1]
+
+
+def write_json(path: str, obj) -> None:
+    """Write ``obj`` as JSON atomically (temp file + rename: a crash never leaves half a file);
+    numpy scalars become Python numbers. Used for result.json and the benchmarks' JSON."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=_json_default)
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+class _Progress:
+    """A rich progress bar on a terminal; one plain line per row otherwise (logs, CI)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        console = Console(stderr=True)
+        if console.is_terminal:
+            self.bar = Progress(TextColumn("update"), MofNCompleteColumn(), BarColumn(),
+                                TextColumn("{task.description}"), console=console)
+            self.task = self.bar.add_task("", total=total)
+            self.bar.start()
+
+    def update(self, update: int, row: dict) -> None:
+        if not self.enabled:
+            return
+        shown = {k: row[k] for k in ("test_accuracy", "test_nll", "test_rmse", "kl",
+                                     "log_marginal_likelihood", "rejected_replies")
+                 if row.get(k) is not None}
+        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in shown.items())
+        if self.bar is not None:
+            self.bar.update(self.task, completed=update, description=text)
+        else:
+            print(f"update {update}: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
