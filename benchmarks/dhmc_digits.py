@@ -194,7 +194,7 @@ def diagnostics(samples, draw_ll, softmax: bool) -> dict:
 
 def run_method(method, pots, mixing, w0, args, cfg, eps_c, var_ref):
     """``(samples (m, K, T, d), info)``."""
-    from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+    from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
     from fedbayes_flwr.algorithms.dhmc.baselines import PooledPotential, centralized_hmc, decentralized_ula
     from fedbayes_flwr.algorithms.dhmc.loop import simulate
 
@@ -206,14 +206,14 @@ def run_method(method, pots, mixing, w0, args, cfg, eps_c, var_ref):
                                    "grad_evals": run.grad_evals}
     if method == "dula":
         run = decentralized_ula(pots, mixing, w0, eps_c**2 / 2, iterations,
-                                rounds=gossip.rounds_for(mixing),
+                                rounds=mixmat.rounds_for(mixing),
                                 seed=args.seed, noise="independent", warmup=warmup,
                                 posterior_var=var_ref)
         return run.samples, {"step0": float(run.steps[0]), "step_last": float(run.steps[-1]),
                              "consensus": float(run.consensus.mean()),
                              "consensus_last": float(run.consensus[-1]),
                              "grad_evals": run.grad_evals}
-    rounds = int(method.split("-s")[1]) if "-s" in method else gossip.rounds_for(mixing)
+    rounds = int(method.split("-s")[1]) if "-s" in method else mixmat.rounds_for(mixing)
     run = simulate(pots, mixing, w0, STEP0, iterations, warmup=warmup, rounds=rounds,
                    seed=args.seed, integrator="leapfrog", energy="exact", adapt=True,
                    target_accept=TARGET_ACCEPT, posterior_var=var_ref, decision="agree")
@@ -226,6 +226,7 @@ def run_method(method, pots, mixing, w0, args, cfg, eps_c, var_ref):
 
 def run_experiment(name, data, args, results) -> list[dict]:
     from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+    from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
     from fedbayes_flwr.algorithms.dhmc import agents as dhmc
     from fedbayes_flwr.inference.potentials import DiagonalGaussian
     from fedbayes_flwr.models.nets_numpy import SoftmaxNetPotential
@@ -242,7 +243,7 @@ def run_experiment(name, data, args, results) -> list[dict]:
     dim = lik[0].dim
     prior = DiagonalGaussian(1.0 / PRIOR_SCALE**2, dim=dim)
     pots = [dhmc.LocalPotential(p, prior, m) for p in lik]
-    mixing = gossip.metropolis_weights(gossip.make_graph(spec["graph"], m))
+    mixing = mixmat.metropolis_weights(gossip.make_graph(spec["graph"], m))
     test_pot = SoftmaxNetPotential(xt, yt, sizes)
     w0 = starts(sizes, chains, args.seed)
     todo = list(METHODS) + EXTRA.get(name, [])
@@ -363,7 +364,7 @@ def main():
         NAME, args, {"runs": []}, experiments={k: {**v, "hidden": list(v["hidden"])}
                                                for k, v in EXPERIMENTS.items()},
         prior=f"N(0, {PRIOR_SCALE}^2 I)", step0=STEP0,
-        mixing_rounds="auto (gossip.rounds_for: W^s keeps <= 1% of a disagreement)",
+        mixing_rounds="auto (mixing.rounds_for: W^s keeps <= 1% of a disagreement)",
         target_accept=TARGET_ACCEPT, settings={k: dict(zip(
             ("chains", "warmup", "iterations", "thin"), v, strict=True))
             for k, v in (QUICK if args.quick else SETTINGS).items()},

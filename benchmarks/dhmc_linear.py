@@ -417,16 +417,17 @@ def main():
     args.warmup = args.warmup if args.warmup is not None else (100 if args.quick else 200)
 
     from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+    from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
 
     pots, mean, var, n = load_problem(args.data_seed)
-    graphs = {g: gossip.metropolis_weights(getattr(gossip, g)(AGENTS))
+    graphs = {g: mixmat.metropolis_weights(getattr(gossip, g)(AGENTS))
               for g in ("ring", "path", "complete")}
     results = common.start(
         NAME, args, {"runs": []}, data_seed=args.data_seed, n_train=n, d=FEATURES,
         agents=AGENTS, chains=CHAINS, iterations=args.iterations, warmup=args.warmup,
         adapt_from=ADAPT_FROM, target_accept=TARGET_ACCEPT, prior="N(0, I)", noise_var=1.0,
         exact_mean=mean.tolist(), exact_sd=np.sqrt(var).tolist(),
-        spectral_gap={g: gossip.spectral_gap(w) for g, w in graphs.items()})
+        spectral_gap={g: mixmat.spectral_gap(w) for g, w in graphs.items()})
     todo = settings(args)
     print(f"{len(todo)} runs; exact posterior mean {np.round(mean, 3).tolist()}, sd "
           f"{np.round(np.sqrt(var), 4).tolist()}", flush=True)

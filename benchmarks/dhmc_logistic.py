@@ -51,10 +51,10 @@ exchange (an iteration has two exchanges), ULA with 1 and 5 (one exchange): ULA 
 adds a fresh local step ``h m grad U_i``, so the agents' spread does not fall below about
 ``h m |grad U_i - mean_j grad U_j|`` however many rounds (no gradient tracking).
 
-**Per run:** marginal W1 (:func:`fedbayes_flwr.evaluation.reference.marginal_w1`) to the reference over the
+**Per run:** marginal W1 (:func:`~.sample_quality.marginal_w1`) to the reference over the
 reference sd, mean over coordinates, for each agent's own samples (all chains and kept
 iterations; mean and worst over agents) and for the agents' average iterate; the W1 that a
-perfect sampler with the run's ESS would show (:func:`fedbayes_flwr.evaluation.reference.w1_noise_floor`,
+perfect sampler with the run's ESS would show (:func:`~.sample_quality.w1_noise_floor`,
 median of 50 repeats, same scale); ESS of the agents' average per chain (across chains, never
 agents); mean error and variance ratio against the reference; acceptance, local disagreement,
 consensus error (relative to the reference variance), the step; test accuracy and NLL of the
@@ -169,7 +169,7 @@ def nuts_predictive(draws, xt, yt) -> dict:
 
 def w1(samples, ref_sorted) -> np.ndarray:
     """Per-coordinate W1 between ``samples (..., d)`` and the reference, the same integral as
-    :func:`fedbayes_flwr.evaluation.reference.marginal_w1` (``integral |F_a - F_b|`` on the merged sorted
+    :func:`~.sample_quality.marginal_w1` (``integral |F_a - F_b|`` on the merged sorted
     points) with the reference sorted once, ``ref_sorted (d, R)`` (checked equal in ``main``)."""
     a = np.sort(np.asarray(samples).reshape(-1, ref_sorted.shape[0]).T, axis=1)
     n, r = a.shape[1], ref_sorted.shape[1]
@@ -185,7 +185,7 @@ def w1(samples, ref_sorted) -> np.ndarray:
 
 def measure(samples, ref, ref_sorted, ref_sd, xt, yt, checkpoints, seed) -> dict:
     """W1, ESS, moments and predictive of ``samples (m, K, T, d)`` (``m = 1``: centralized)."""
-    from fedbayes_flwr.evaluation.reference import w1_noise_floor
+    from fedbayes_flwr.evaluation.sample_quality import w1_noise_floor
     from fedbayes_flwr.inference.posterior import SamplePosterior
 
     m = samples.shape[0]
@@ -243,6 +243,7 @@ def run_method(method, pots, mixing, w0, rounds, args, eps_c, var_ref):
 
 def run_problem(dataset, split_kind, x, y, xt, yt, ref, args, results) -> list[dict]:
     from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+    from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
     from fedbayes_flwr.algorithms.dhmc import agents as dhmc
     from fedbayes_flwr.inference import potentials as P
     from fedbayes_flwr.models import make_model
@@ -251,8 +252,8 @@ def run_problem(dataset, split_kind, x, y, xt, yt, ref, args, results) -> list[d
     d = x.shape[1] + 1
     prior = P.gaussian_prior_potential(d, 1.0)
     parts = split(y, split_kind, args.data_seed)
-    pots = [dhmc.LocalPotential(model.pdmp_potential(x[i], y[i]), prior, AGENTS) for i in parts]
-    mixing = gossip.metropolis_weights(gossip.ring(AGENTS))
+    pots = [dhmc.LocalPotential(model.bounded_potential(x[i], y[i]), prior, AGENTS) for i in parts]
+    mixing = mixmat.metropolis_weights(gossip.ring(AGENTS))
     w_map, cov = laplace(x, y)
     rng = np.random.default_rng([args.seed, 17])
     w0 = w_map + 2.0 * rng.standard_normal((CHAINS, d)) @ np.linalg.cholesky(cov).T
@@ -409,7 +410,7 @@ def main():
             "ess_min": float(ref.ess.min()), "rhat_max": float(ref.rhat.max()),
             "n_train": len(x), "n_test": len(xt), "d": x.shape[1] + 1}
         results.doc["nuts_predictive"][dataset] = nuts_pred[dataset]
-        from fedbayes_flwr.evaluation.reference import marginal_w1
+        from fedbayes_flwr.evaluation.sample_quality import marginal_w1
 
         probe = draws[::7] * 1.1 + 0.01  # the fast W1 against the library's on a probe sample
         results.doc["reference"][dataset]["w1_check_max_abs_diff"] = float(np.max(np.abs(

@@ -29,6 +29,7 @@ import numpy as np
 from common import argument_parser, flower_run, resolve_common_args, start, timed_run
 
 from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
 from fedbayes_flwr.algorithms.dhmc.loop import simulate
 from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.runtime.config import parse_run_config
@@ -47,7 +48,7 @@ def loop_run(iterations: int, rounds: int) -> dict:
     exp = build_experiment(parse_run_config({**KEYS, "num-clients": AGENTS,
                                              "output-dir": "unused"}))
     pots = [local_potential(exp.setup, exp.client_data(i)) for i in range(AGENTS)]
-    w = gossip.metropolis_weights(gossip.ring(AGENTS))
+    w = mixmat.metropolis_weights(gossip.ring(AGENTS))
     t0 = time.perf_counter()
     run = simulate(pots, w, initial_position(exp.setup), STEP, iterations, warmup=20,
                    rounds=rounds, seed=0, adapt=False, decision="flood")

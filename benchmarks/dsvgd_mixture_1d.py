@@ -68,8 +68,8 @@ def run(name: str, overrides: dict, rounds: int, particles: int, seed: int,
     """
     import warnings
 
-    from fedbayes_flwr.evaluation import metrics as M
     from fedbayes_flwr.inference.posterior import SamplePosterior
+    from fedbayes_flwr.models import mixture
     from fedbayes_flwr.runtime.config import parse_run_config
     from fedbayes_flwr.runtime.engine import iterate_in_process
     from fedbayes_flwr.runtime.experiment import build_experiment
@@ -80,7 +80,7 @@ def run(name: str, overrides: dict, rounds: int, particles: int, seed: int,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exp = build_experiment(parse_run_config(cfg))
-    grid = M.mixture_1d_grid()
+    grid = mixture.mixture_1d_grid()
     rows, densities = [], {}
 
     def record_factors(update, state, client_states, virtual_time, dead):
@@ -88,7 +88,7 @@ def run(name: str, overrides: dict, rounds: int, particles: int, seed: int,
         if any(f.denominators.shape[0] or f.numerators.shape[0] != 1 for f in factors):
             raise ValueError(f"{name}: factor_kl needs distilled factors (one particle set)")
         rows[-1]["factor_kl"] = [
-            float(M.mixture_1d_kl(exp.model.log_q_on_grid(SamplePosterior(f.numerators[0]), grid),
+            float(mixture.mixture_1d_kl(exp.model.log_q_on_grid(SamplePosterior(f.numerators[0]), grid),
                                   exp.client_data(k).x, grid))
             for k, f in enumerate(factors)]
 
@@ -97,7 +97,7 @@ def run(name: str, overrides: dict, rounds: int, particles: int, seed: int,
                                                on_record=record_factors if factor_kl else None):
         post = exp.bundle.posterior(state, exp.setup)
         log_q = exp.model.log_q_on_grid(post, grid)
-        kl = M.mixture_1d_kl(log_q, exp.dataset.x_test, grid)
+        kl = mixture.mixture_1d_kl(log_q, exp.dataset.x_test, grid)
         rows.append({"round": update, "kl": float(kl),
                      "elapsed_s": round(time.perf_counter() - t0, 2)})
         densities[update] = np.exp(log_q)
@@ -111,9 +111,9 @@ def plot_kdes(path, grid, rows, densities, rounds):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedbayes_flwr.evaluation import metrics as M
+    from fedbayes_flwr.models import mixture
 
-    opt = M.mixture_1d_optimal_density(rows, grid)
+    opt = mixture.mixture_1d_optimal_density(rows, grid)
     shown = [r for r in SHOW_ROUNDS if r <= rounds]
     fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3), sharey=True)
     axes = np.atleast_1d(axes)

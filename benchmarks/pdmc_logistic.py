@@ -25,8 +25,8 @@ call (its chains share nothing but the loop; each starts from its own ``N(0, I)`
 uniform velocity and has its own randomness), on one data set as in the paper.
 
 Per run: the marginal W1 of each coordinate to the reference
-(:func:`~fedbayes_flwr.evaluation.reference.marginal_w1`), the run's ESS (``tfp.mcmc``, one chain) and the
-**bound** (:func:`~fedbayes_flwr.evaluation.reference.w1_bound`): 3x the 99th percentile, over 200 repeats,
+(:func:`~.sample_quality.marginal_w1`), the run's ESS (``tfp.mcmc``, one chain) and the
+**bound** (:func:`~.sample_quality.w1_bound`): 3x the 99th percentile, over 200 repeats,
 of the W1 between as many i.i.d. reference draws as the run's ESS in that coordinate and the rest
 of the reference (the factor: W1 weighs the whole marginal, the ESS is the mean's and is itself
 estimated; 3x on W1 tolerates an effective size 9x smaller than the ESS; see
@@ -87,13 +87,13 @@ def load_data(seed: int):
 def run_workers(m: int, x, y, ref_draws, args) -> tuple[list[dict], dict]:
     from fedbayes_flwr.algorithms.pdmc import sampler as S
     from fedbayes_flwr.algorithms.pdmc.driver import simulate
-    from fedbayes_flwr.evaluation.reference import marginal_w1, w1_bound, w1_noise_floor
+    from fedbayes_flwr.evaluation.sample_quality import marginal_w1, w1_bound, w1_noise_floor
     from fedbayes_flwr.inference import potentials as P
     from fedbayes_flwr.inference.posterior import SamplePosterior
     from fedbayes_flwr.models import make_model
 
     model = make_model("logistic-regression")
-    workers = [Counted(model.pdmp_potential(xs, ys), len(xs))
+    workers = [Counted(model.bounded_potential(xs, ys), len(xs))
                for xs, ys in zip(np.array_split(x, m), np.array_split(y, m), strict=True)]
     prior = P.gaussian_prior_potential(D, 1.0)
     k = args.runs

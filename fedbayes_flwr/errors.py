@@ -16,3 +16,7 @@ class RunStopped(RuntimeError):
         super().__init__(reason)
         self.reason = reason
         self.state = None
+
+
+class DeploymentError(RuntimeError):
+    """The deployment could not start or its run did not complete; one line saying why."""

@@ -39,7 +39,7 @@ class DecentralizedHMCStrategy(BundleStrategy):
     prior : NaturalGaussian
         The prior (split evenly over the agents' potentials).
     model : fedbayes_flwr.models.Model
-        A model with a numpy potential (``pdmp_potential``).
+        A model with a numpy potential (``bounded_potential``).
     num_clients : int
         Number of agents (partitions; nodes are matched by ``partition-id``).
     run_seed : int

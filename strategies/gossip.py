@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedbayes_flwr.algorithms.decentralized.graphs import Graph, make_graph, metropolis_weights
+from fedbayes_flwr.algorithms.decentralized.graphs import Graph, make_graph
+from fedbayes_flwr.algorithms.decentralized.mixing import metropolis_weights
 from fedbayes_flwr.algorithms.decentralized.routing import padded_inboxes
 
 

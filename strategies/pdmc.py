@@ -40,7 +40,7 @@ class PDMCStrategy(BundleStrategy):
     prior : NaturalGaussian
         The prior (``U_0``, held by the server; ``config.flat_prior`` ignores it).
     model : fedbayes_flwr.models.Model
-        A model with ``pdmp_potential`` (gaussian-mean, logistic-regression, ar1-student-t).
+        A model with ``bounded_potential`` (gaussian-mean, logistic-regression, ar1-student-t).
     num_clients : int
         Number of workers (partitions; nodes are matched by ``partition-id``).
     run_seed : int

@@ -88,13 +88,13 @@ def test_numpy_potential_is_minus_the_tensorflow_log_likelihood(model, data):
     x = data.x_train
     theta = _thetas(1, 4)
     values, grads = model.log_density_and_grad(theta, x, None)
-    pot = model.pdmp_potential(x)
+    pot = model.bounded_potential(x)
     np.testing.assert_allclose(pot.value(theta), -values, rtol=1e-12)
     # same sums in a different order: rounding relative to the largest term
     np.testing.assert_allclose(pot.grad(theta), -grads, rtol=1e-10,
                                atol=1e-12 * np.abs(grads).max())
     # the shards' potentials add up to the whole
-    shards = [model.pdmp_potential(p) for p in np.array_split(x, 4)]
+    shards = [model.bounded_potential(p) for p in np.array_split(x, 4)]
     np.testing.assert_allclose(sum(s.grad(theta) for s in shards), pot.grad(theta), rtol=1e-10,
                                atol=1e-12 * np.abs(grads).max())
     np.testing.assert_allclose(sum(s.hess_abs for s in shards), pot.hess_abs, rtol=1e-12)

@@ -23,7 +23,10 @@ import pytest
 from flower_utils import REPO, describe, task_identity
 
 from fedbayes_flwr import models
+from fedbayes_flwr.deploy import flwr_cli
+from fedbayes_flwr.deploy import processes as deploy_processes
 from fedbayes_flwr.deploy import run as deploy
+from fedbayes_flwr.deploy import tls as deploy_tls
 from fedbayes_flwr.deploy import watchdog as processes
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.runtime.config import parse_run_config
@@ -134,13 +137,13 @@ def test_certificates_and_node_keys_are_what_flower_reads(tmp_path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    tls = deploy.make_tls(tmp_path / "tls")
+    tls = deploy_tls.make_tls(tmp_path / "tls")
     ca = x509.load_pem_x509_certificate(tls.ca_cert.read_bytes())
     cert = x509.load_pem_x509_certificate(tls.server_cert.read_bytes())
     cert.verify_directly_issued_by(ca)  # raises unless the CA signed it
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
-    key = deploy.make_node_key(tmp_path / "keys", "node0")
+    key = deploy_tls.make_node_key(tmp_path / "keys", "node0")
     private = serialization.load_ssh_private_key(key.private.read_bytes(), None)
     public = serialization.load_ssh_public_key(key.public.read_bytes())
     assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
@@ -153,7 +156,7 @@ def test_app_copy_carries_the_full_run_config_and_plugins(tmp_path):
     config = parse_run_config({**LR, "algorithm": "empty-exchange",
                                "algorithm-modules": "benchmarks.empty_exchange",
                                "output-dir": str(tmp_path / "out")}).to_run_config()
-    app = deploy.copy_app(tmp_path / "app", config)
+    app = flwr_cli.copy_app(tmp_path / "app", config)
     with open(app / "pyproject.toml", "rb") as f:
         meta = tomllib.load(f)
     assert meta["tool"]["flwr"]["app"]["components"] == {
@@ -255,22 +258,22 @@ def test_deployment_resumes_a_stored_run_with_the_nodes_states(tmp_path):
 def test_unregistered_supernode_exits_with_flowers_activation_error(tmp_path):
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
-    env = deploy.flwr_env(tmp_path / "flwr-home")
-    procs = deploy.Processes(env, log_dir)
+    env = flwr_cli.flwr_env(tmp_path / "flwr-home")
+    procs = deploy_processes.Processes(env, log_dir)
     try:
-        tls = deploy.make_tls(tmp_path / "tls")
-        key = deploy.make_node_key(tmp_path / "keys", "stranger")  # never registered
-        port = deploy.free_port()
+        tls = deploy_tls.make_tls(tmp_path / "tls")
+        key = deploy_tls.make_node_key(tmp_path / "keys", "stranger")  # never registered
+        port = deploy_processes.free_port()
         procs.start("superlink", [
-            deploy.executable("flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
+            deploy_processes.executable("flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
             "--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert),
             "--ssl-keyfile", str(tls.server_key), "--enable-supernode-auth",
             "--disable-runtime-dependency-installation"])
         deploy._wait_port("127.0.0.1", port, procs, "superlink", 60)
         node = procs.start("supernode", [
-            deploy.executable("flower-supernode"), "--superlink", f"127.0.0.1:{port}",
+            deploy_processes.executable("flower-supernode"), "--superlink", f"127.0.0.1:{port}",
             "--root-certificates", str(tls.ca_cert), "--auth-supernode-private-key",
-            str(key.private), "--port", str(deploy.free_port()), "--node-config",
+            str(key.private), "--port", str(deploy_processes.free_port()), "--node-config",
             "partition-id=0 num-partitions=1"])
         code = node.wait(timeout=60)  # it exits at once (no retry); 60 s bounds a loaded CI
     finally:

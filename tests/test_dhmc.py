@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
 from fedbayes_flwr.algorithms.dhmc import agents as H
 from fedbayes_flwr.inference import potentials as P
 from fedbayes_flwr.inference.posterior import SamplePosterior
@@ -65,7 +66,7 @@ def test_taylor_energy_term_is_exact_on_a_gaussian_target():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((6, 3)) * 0.1
     p = rng.standard_normal((6, 3))
-    mixing = gossip.metropolis_weights(gossip.complete(m))
+    mixing = mixmat.metropolis_weights(gossip.complete(m))
     np.testing.assert_allclose(mixing, np.full((m, m), 1.0 / m))
     got = _one_iteration(pots, w, p, 0.05, mixing)
 
@@ -132,7 +133,7 @@ def test_router_delivers_exactly_the_neighbours_messages():
                 np.testing.assert_array_equal(msg.inbox[j], state.outbox[sender])
             else:
                 assert not np.any(msg.inbox[j])  # padding carries nothing
-        w = gossip.metropolis_weights(graph)
+        w = mixmat.metropolis_weights(graph)
         assert msg.weights[0] == w[agent, agent]
 
 

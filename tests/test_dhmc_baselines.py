@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
 from fedbayes_flwr.algorithms.dhmc import agents as H
 from fedbayes_flwr.algorithms.dhmc.baselines import (
     PooledPotential,
@@ -68,7 +69,7 @@ def test_centralized_hmc_makes_the_decentralized_moves_at_exact_consensus(proble
     sampler and centralized HMC make the same moves to rounding (the Taylor energy is exact
     for a quadratic potential)."""
     pots, mean, _ = problem
-    mixing = gossip.metropolis_weights(gossip.complete(M))
+    mixing = mixmat.metropolis_weights(gossip.complete(M))
     w0 = np.tile(mean, (8, 1)) + 0.05
     dec = simulate(pots, mixing, w0, 0.05, 200, warmup=1, adapt=False, seed=7,
                    warmup_metropolis=False)
@@ -97,7 +98,7 @@ def test_decentralized_ula_on_a_ring(problem):
     ``grad U(w_bar)``), which is of the order of the agents' spread (``sqrt(0.1)`` sd at most
     here, in practice a fraction of it) and from the decaying step's slowly forgotten start."""
     pots, mean, var = problem
-    mixing = gossip.metropolis_weights(gossip.ring(M))
+    mixing = mixmat.metropolis_weights(gossip.ring(M))
     run = decentralized_ula(pots, mixing, np.zeros((16, D)), 0.04**2 / 2, 1500, warmup=300,
                             noise="shared", posterior_var=var)
     assert run.samples.shape == (M, 16, 1500, D)
@@ -118,7 +119,7 @@ def test_ula_noise_scalings(problem):
     variance; unscaled per-agent noise (the seed paper's code) about 1/m of it. Loose bounds
     (0.7-1.5 and below 0.4): the step's own bias and Monte Carlo error are well inside them."""
     pots, _, var = problem
-    mixing = gossip.metropolis_weights(gossip.complete(M))
+    mixing = mixmat.metropolis_weights(gossip.complete(M))
     ratios = {}
     for noise in ("independent", "reference"):
         run = decentralized_ula(pots, mixing, np.zeros((16, D)), 0.02**2 / 2, 1500,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr.algorithms.decentralized import graphs as gossip
+from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import SamplePosterior
@@ -78,12 +79,12 @@ def test_dropout_default_still_stops(tmp_path):
 
 
 def test_mixing_schedule_parses_and_counts_the_exchanges(tmp_path):
-    assert gossip.parse_schedule("1:2000,2:3000,3") == ((2000, 1), (3000, 2), (-1, 3))
-    sched = gossip.parse_schedule("1:20,3")
-    assert [gossip.scheduled_rounds(sched, t) for t in (0, 20, 21, 500)] == [1, 1, 3, 3]
+    assert mixmat.parse_schedule("1:2000,2:3000,3") == ((2000, 1), (3000, 2), (-1, 3))
+    sched = mixmat.parse_schedule("1:20,3")
+    assert [mixmat.scheduled_rounds(sched, t) for t in (0, 20, 21, 500)] == [1, 1, 3, 3]
     for bad in ("", "0:10,2", "2:10,1:5,3", "1:10,2:20", "a:1,2", "3,4"):
         with pytest.raises(ValueError):
-            gossip.parse_schedule(bad)
+            mixmat.parse_schedule(bad)
     with pytest.raises(ConfigError, match="dhmc.mixing-schedule"):
         parse_run_config({**RING, "dhmc.mixing-schedule": "1:10,0"})
     keys = {**RING, "dhmc.warmup": 10, "dhmc.iterations": 20, "dhmc.mixing-schedule": "1:14,3",
@@ -112,9 +113,9 @@ def test_auto_mixing_rounds_follow_the_spectral_gap(tmp_path):
     Metropolis matrix (recomputed for the remaining graph after a dropout)."""
     for graph, rounds in ((gossip.complete(5), 1), (gossip.ring(5), 8), (gossip.ring(8), 22),
                           (gossip.path(5), 34)):
-        w = gossip.metropolis_weights(graph)
-        s = gossip.rounds_for(w)
-        slem = 1 - gossip.spectral_gap(w)
+        w = mixmat.metropolis_weights(graph)
+        s = mixmat.rounds_for(w)
+        slem = 1 - mixmat.spectral_gap(w)
         assert s == rounds and slem**s <= 0.01 and (s == 1 or slem ** (s - 1) > 0.01)
     keys = {**RING, "dhmc.mixing-rounds": "auto", "dhmc.warmup": 3, "dhmc.iterations": 4,
             "output-dir": str(tmp_path)}

@@ -172,12 +172,12 @@ def _best_gaussian_kl(rows) -> float:
     from scipy.optimize import minimize
     from scipy.stats import norm
 
-    from fedbayes_flwr.evaluation import metrics as M
+    from fedbayes_flwr.models import mixture
 
-    grid = M.mixture_1d_grid()
+    grid = mixture.mixture_1d_grid()
 
     def kl(p):
-        return M.mixture_1d_kl(norm.logpdf(grid, p[0], np.exp(p[1])), rows, grid)
+        return mixture.mixture_1d_kl(norm.logpdf(grid, p[0], np.exp(p[1])), rows, grid)
 
     return min(minimize(kl, [m, np.log(s)], method="Nelder-Mead").fun
                for m in (-3.0, 0.0, 2.5) for s in (1.0, 2.5))

@@ -15,15 +15,15 @@ from scipy.stats import gamma, gaussian_kde, multivariate_normal, norm, truncnor
 
 from fedbayes_flwr.data import DataError, load_dataset, partition_indices
 from fedbayes_flwr.data.embedded import MIXTURE_1D_ROWS
-from fedbayes_flwr.evaluation.metrics import (
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import GaussianPosterior, SamplePosterior
+from fedbayes_flwr.models import MODELS, make_model
+from fedbayes_flwr.models.mixture import (
     mixture_1d_grid,
     mixture_1d_kl,
     mixture_1d_log_likelihood,
     mixture_1d_optimal_density,
 )
-from fedbayes_flwr.inference import gaussian as G
-from fedbayes_flwr.inference.posterior import GaussianPosterior, SamplePosterior
-from fedbayes_flwr.models import MODELS, make_model
 
 NUM_FEATURES = 3
 H = 1e-6  # central-difference step

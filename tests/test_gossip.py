@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr.algorithms.decentralized import graphs as gs
+from fedbayes_flwr.algorithms.decentralized import mixing as mixmat
 from fedbayes_flwr.algorithms.decentralized.routing import route, validate_neighbours
 
 
@@ -60,7 +61,7 @@ def test_many_graphs_generated():
 def test_metropolis_matrix_properties(graph):
     adj = graph.adjacency
     m = graph.size
-    w = gs.metropolis_weights(graph)
+    w = mixmat.metropolis_weights(graph)
     assert w.shape == (m, m) and w.dtype == np.float64
     np.testing.assert_array_equal(w, w.T)  # exactly symmetric
     np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)
@@ -76,8 +77,8 @@ def test_metropolis_matrix_properties(graph):
                 assert w[i, j] == pytest.approx(1.0 / (1 + max(deg[i], deg[j])), rel=1e-15)
         assert w[i, i] >= 1.0 / (1 + deg[i]) - 1e-15
     # same matrix from the raw adjacency
-    np.testing.assert_array_equal(gs.metropolis_weights(adj), w)
-    gap = gs.spectral_gap(w)
+    np.testing.assert_array_equal(mixmat.metropolis_weights(adj), w)
+    gap = mixmat.spectral_gap(w)
     assert 0.0 < gap <= 1.0 + 1e-12
     # gap against a dense eigen-decomposition of W - 11^T / m (SLEM = its spectral norm)
     slem = np.linalg.norm(w - np.full((m, m), 1.0 / m), 2) if m > 1 else 0.0
@@ -105,14 +106,14 @@ def test_graph_structure_and_routing(graph):
                          ids=lambda g: f"{g.name}-m{g.size}")
 def test_mix_converges_to_average_at_gap_rate(graph):
     m = graph.size
-    w = gs.metropolis_weights(graph)
-    rate = 1.0 - gs.spectral_gap(w)
+    w = mixmat.metropolis_weights(graph)
+    rate = 1.0 - mixmat.spectral_gap(w)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(m, 3, 2))
     avg = x.mean(axis=0)
     err0 = np.linalg.norm(x - avg)
     for k in (1, 2, 5, 10, 40):
-        y = gs.mix(w, x, rounds=k)
+        y = mixmat.mix(w, x, rounds=k)
         assert y.shape == x.shape
         np.testing.assert_allclose(y.mean(axis=0), avg, atol=1e-12)  # average preserved
         err = np.linalg.norm(y - avg)
@@ -121,50 +122,50 @@ def test_mix_converges_to_average_at_gap_rate(graph):
     eig, vec = np.linalg.eigh(w)
     slow = vec[:, np.argmin(np.abs(np.abs(eig) - rate))] if m > 1 else None
     if slow is not None and rate > 1e-8:
-        z = gs.mix(w, slow, rounds=7)
+        z = mixmat.mix(w, slow, rounds=7)
         assert np.linalg.norm(z) == pytest.approx(rate**7, rel=1e-8)
     # mix(rounds=k) is k single rounds
     step = x
     for _ in range(5):
-        step = gs.mix(w, step)
-    np.testing.assert_allclose(step, gs.mix(w, x, rounds=5), atol=1e-12)
+        step = mixmat.mix(w, step)
+    np.testing.assert_allclose(step, mixmat.mix(w, x, rounds=5), atol=1e-12)
 
 
 def test_mix_edge_cases():
-    w = gs.metropolis_weights(gs.ring(4))
+    w = mixmat.metropolis_weights(gs.ring(4))
     x = np.arange(4, dtype=np.float32)
-    np.testing.assert_array_equal(gs.mix(w, x, rounds=0), x)
-    assert gs.mix(w, x, rounds=3).dtype == np.float32
-    assert gs.mix(w, np.arange(4), rounds=1).dtype == np.float64
-    np.testing.assert_allclose(gs.mix(w, [1.0, 1.0, 1.0, 1.0], rounds=3), 1.0)
+    np.testing.assert_array_equal(mixmat.mix(w, x, rounds=0), x)
+    assert mixmat.mix(w, x, rounds=3).dtype == np.float32
+    assert mixmat.mix(w, np.arange(4), rounds=1).dtype == np.float64
+    np.testing.assert_allclose(mixmat.mix(w, [1.0, 1.0, 1.0, 1.0], rounds=3), 1.0)
     with pytest.raises(ValueError, match="one entry per agent"):
-        gs.mix(w, np.zeros((3, 2)))
+        mixmat.mix(w, np.zeros((3, 2)))
     with pytest.raises(ValueError, match="rounds must be at least 0"):
-        gs.mix(w, x, rounds=-1)
+        mixmat.mix(w, x, rounds=-1)
     with pytest.raises(ValueError, match="square"):
-        gs.mix(np.ones((2, 3)), x)
+        mixmat.mix(np.ones((2, 3)), x)
 
 
 def test_spectral_gap_known_values_and_checks():
     # complete graph K_m: W = 11^T / m, gap 1
-    assert gs.spectral_gap(gs.metropolis_weights(gs.complete(6))) == pytest.approx(1.0)
+    assert mixmat.spectral_gap(mixmat.metropolis_weights(gs.complete(6))) == pytest.approx(1.0)
     # ring of m >= 3: W = (I + A) / 3, eigenvalues (1 + 2 cos(2 pi k / m)) / 3
     for m in (3, 4, 5, 8, 11):
         lam = (1 + 2 * np.cos(2 * np.pi * np.arange(1, m) / m)) / 3
-        gap = gs.spectral_gap(gs.metropolis_weights(gs.ring(m)))
+        gap = mixmat.spectral_gap(mixmat.metropolis_weights(gs.ring(m)))
         assert gap == pytest.approx(1 - np.max(np.abs(lam)), abs=1e-12)
-    assert gs.spectral_gap([[1.0]]) == 1.0
+    assert mixmat.spectral_gap([[1.0]]) == 1.0
     # disconnected block-diagonal stochastic matrix: eigenvalue 1 twice, gap 0
     block = np.kron(np.eye(2), np.full((2, 2), 0.5))
-    assert gs.spectral_gap(block) == pytest.approx(0.0, abs=1e-12)
+    assert mixmat.spectral_gap(block) == pytest.approx(0.0, abs=1e-12)
     # bipartite without self-weight: eigenvalue -1, gap 0
-    assert gs.spectral_gap([[0.0, 1.0], [1.0, 0.0]]) == pytest.approx(0.0, abs=1e-12)
+    assert mixmat.spectral_gap([[0.0, 1.0], [1.0, 0.0]]) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="symmetric"):
-        gs.spectral_gap([[0.5, 0.5], [0.2, 0.8]])
+        mixmat.spectral_gap([[0.5, 0.5], [0.2, 0.8]])
     with pytest.raises(ValueError, match="sum to 1"):
-        gs.spectral_gap([[0.5, 0.4], [0.4, 0.5]])
+        mixmat.spectral_gap([[0.5, 0.4], [0.4, 0.5]])
     with pytest.raises(ValueError, match="square"):
-        gs.spectral_gap(np.ones((2, 3)) / 3)
+        mixmat.spectral_gap(np.ones((2, 3)) / 3)
 
 
 def test_ring_path_torus_complete_degrees():
@@ -246,7 +247,7 @@ def test_bad_adjacency_rejected(matrix, message):
     with pytest.raises(ValueError, match=message):
         gs.from_adjacency(matrix)
     with pytest.raises(ValueError, match=message):
-        gs.metropolis_weights(matrix)
+        mixmat.metropolis_weights(matrix)
 
 
 def test_random_bad_adjacencies_rejected():

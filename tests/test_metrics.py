@@ -1,4 +1,4 @@
-"""Tests for fedbayes_flwr.evaluation.metrics and fedbayes_flwr.evaluation.plots (pure numpy, fast)."""
+"""Tests for fedbayes_flwr.evaluation.predictive and fedbayes_flwr.evaluation.plots (pure numpy, fast)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from fedbayes_flwr.evaluation.metrics import (
+from fedbayes_flwr.evaluation.plots import plot_curves, plot_history, plot_reliability
+from fedbayes_flwr.evaluation.predictive import (
     binary_classification_metrics,
     multiclass_classification_metrics,
     regression_metrics,
     reliability_diagram,
 )
-from fedbayes_flwr.evaluation.plots import plot_curves, plot_history, plot_reliability
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

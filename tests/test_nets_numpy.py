@@ -24,7 +24,7 @@ def _problem(hidden, seed=0, n=40, f=5, classes=4, k=3):
     model = make_model("bnn-classifier", 1.0, hidden, classes)
     x = rng.standard_normal((n, f))
     y = rng.integers(0, classes, n)
-    pot = model.hmc_potential(x, y)
+    pot = model.gradient_potential(x, y)
     assert isinstance(pot, SoftmaxNetPotential) and pot.dim == model.param_dim(f)
     theta = rng.standard_normal((k, pot.dim)) * 0.7
     v = rng.standard_normal((k, pot.dim))

@@ -207,10 +207,12 @@ def test_differential_privacy_refusals_and_report(tmp_path):
           "pdmc.dp-delta": 1e-6}
     with pytest.raises(ConfigError, match="Zig-Zag sampler only"):
         parse_run_config({**lr, "algorithm": "pdmc-bps"})
+    # the sensitivity and the reachable target need the parameter dimension: refused when the
+    # experiment is built (before any client works), not by parse_run_config, which loads no data
     with pytest.raises(ConfigError, match="no finite rate sensitivity"):
-        parse_run_config({**GM, "pdmc.dp-epsilon": 1.0, "pdmc.dp-delta": 1e-6})
+        build_experiment(parse_run_config({**GM, "pdmc.dp-epsilon": 1.0, "pdmc.dp-delta": 1e-6}))
     with pytest.raises(ConfigError, match="out of reach"):
-        parse_run_config({**lr, "pdmc.dp-delta": 0.0})
+        build_experiment(parse_run_config({**lr, "pdmc.dp-delta": 0.0}))
     result = run_in_process(parse_run_config({**lr, "output-dir": str(tmp_path)}),
                             progress=False)
     row = result["history"][-1]

@@ -17,6 +17,7 @@ import pytest
 from fedbayes_flwr.algorithms.pdmc import privacy as PR
 from fedbayes_flwr.algorithms.pdmc import sampler as S
 from fedbayes_flwr.inference import potentials as P
+from fedbayes_flwr.inference import sensitivity as SE
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -51,7 +52,7 @@ def _smooth_pair(rng, t, k):
 
 
 def _logistic_data(rng, n, p, bound):
-    xi = PR.clip_features(rng.normal(0, 1.5, (n, p)), bound)
+    xi = SE.clip_features(rng.normal(0, 1.5, (n, p)), bound)
     eta = (rng.random(n) < 0.5).astype(float)
     design = np.concatenate([xi, np.ones((n, 1))], axis=1)  # intercept last, as the model's
     return design, eta
@@ -212,13 +213,13 @@ def test_logistic_sensitivity_bounds_rate_changes_and_the_loss():
     rng = np.random.default_rng(7)
     p, n, clip = 3, 40, 2.0
     design, eta = _logistic_data(rng, n, p, clip)
-    bound = PR.feature_bound(design[:, :p], clip=clip)
-    k_add = PR.logistic_sensitivity(bound)
-    k_rep = PR.logistic_sensitivity(bound, neighbours="replace")
+    bound = SE.feature_bound(design[:, :p], clip=clip)
+    k_add = SE.logistic_sensitivity(bound)
+    k_rep = SE.logistic_sensitivity(bound, neighbours="replace")
     assert k_add.shape == (p + 1,) and k_add[-1] == 1.0 and np.allclose(k_rep, 2 * k_add)
     full = P.Logistic(design, eta)
     removed = P.Logistic(design[1:], eta[1:])
-    other = np.concatenate([PR.clip_features(rng.normal(0, 3, (1, p)), clip), [[1.0]]], axis=1)
+    other = np.concatenate([SE.clip_features(rng.normal(0, 3, (1, p)), clip), [[1.0]]], axis=1)
     replaced = P.Logistic(np.concatenate([other, design[1:]]), np.concatenate([[1.0], eta[1:]]))
     epsilon, horizon = 1.0, 0.02
     rho = PR.refresh_for_epsilon(epsilon, k_add, dim=None, horizon=horizon)
@@ -238,15 +239,15 @@ def test_logistic_sensitivity_bounds_rate_changes_and_the_loss():
 
 def test_feature_bound_and_clipping():
     x = np.array([[0.5, -3.0], [-1.0, 2.0]])
-    assert np.allclose(PR.feature_bound(x), [1.0, 3.0])
-    assert np.allclose(PR.feature_bound(PR.clip_features(x, 1.5), clip=1.5), [1.5, 1.5])
+    assert np.allclose(SE.feature_bound(x), [1.0, 3.0])
+    assert np.allclose(SE.feature_bound(SE.clip_features(x, 1.5), clip=1.5), [1.5, 1.5])
     with pytest.raises(ValueError, match="clip"):
-        PR.feature_bound(x, clip=1.5)
+        SE.feature_bound(x, clip=1.5)
 
 
 def test_gaussian_mean_and_bps_are_refused():
-    with pytest.raises(PR.UnboundedSensitivityError, match="unbounded"):
-        PR.gaussian_mean_sensitivity(np.zeros((3, 2)), noise_scale=1.0)
+    with pytest.raises(SE.UnboundedSensitivityError, match="unbounded"):
+        SE.gaussian_mean_sensitivity(np.zeros((3, 2)), noise_scale=1.0)
     with pytest.raises(ValueError, match="Zig-Zag"):
         PR.check_sampler("bps")
     PR.check_sampler("zigzag")

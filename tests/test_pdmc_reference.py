@@ -17,6 +17,7 @@ from scipy.stats import wasserstein_distance
 from fedbayes_flwr.algorithms.pdmc import sampler as S
 from fedbayes_flwr.algorithms.pdmc.driver import simulate
 from fedbayes_flwr.evaluation import reference as R
+from fedbayes_flwr.evaluation import sample_quality as SQ
 from fedbayes_flwr.inference import potentials as P
 from fedbayes_flwr.inference.posterior import SamplePosterior
 
@@ -31,14 +32,14 @@ def cache_dir(request):
 def test_marginal_w1_is_scipys_and_the_floor_replays_and_scales():
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((3, 200, 2)), 0.3 + rng.standard_normal((500, 2))
-    w = R.marginal_w1(a, b)  # chains pooled
+    w = SQ.marginal_w1(a, b)  # chains pooled
     flat = a.reshape(-1, 2)
     np.testing.assert_allclose(w, [wasserstein_distance(flat[:, j], b[:, j]) for j in range(2)])
     # the floor is scipy's W1 on the splits perm[:n] / perm[n:] of one permutation per repeat
     ref = rng.standard_normal((4000, 2)) * [1.0, 3.0]
     ref[:50, 0] = 0.25  # ties
     n = np.array([25, 900])
-    floor = R.w1_noise_floor(ref, n, np.random.default_rng(5), repeats=6)
+    floor = SQ.w1_noise_floor(ref, n, np.random.default_rng(5), repeats=6)
     replay = np.random.default_rng(5)
     for r in range(6):
         perm = replay.permutation(len(ref))
@@ -48,11 +49,11 @@ def test_marginal_w1_is_scipys_and_the_floor_replays_and_scales():
     # W1 of n i.i.d. draws falls as n^{-1/2}: 4x the draws, half the distance (+-15%), and it
     # scales with the coordinate's spread
     big = np.random.default_rng(1).standard_normal((20000, 1)) * [[2.0]]
-    f100 = R.w1_noise_floor(big, 100, np.random.default_rng(2), 300).mean()
-    f400 = R.w1_noise_floor(big, 400, np.random.default_rng(3), 300).mean()
+    f100 = SQ.w1_noise_floor(big, 100, np.random.default_rng(2), 300).mean()
+    f400 = SQ.w1_noise_floor(big, 400, np.random.default_rng(3), 300).mean()
     assert f100 / f400 == pytest.approx(2.0, rel=0.15)
     with pytest.raises(ValueError, match="below"):
-        R.w1_noise_floor(ref, 4000, rng)
+        SQ.w1_noise_floor(ref, 4000, rng)
 
 
 @pytest.mark.filterwarnings("ignore:NUTS reference:RuntimeWarning")  # the 10-draw run
@@ -114,7 +115,7 @@ def test_fed_zigzag_logistic_marginal_w1_within_the_calibrated_bound(cache_dir):
                            num_draws=2000, num_warmup=1000, seed=0, cache_dir=cache_dir)
     assert np.max(ref.rhat) < 1.01 and np.min(ref.ess) > 2000
 
-    workers = [model.pdmp_potential(xs, ys)
+    workers = [model.bounded_potential(xs, ys)
                for xs, ys in zip(np.array_split(x, 4), np.array_split(y, 4), strict=True)]
     rng = np.random.default_rng(11)
     k, d = 8, 6
@@ -123,11 +124,11 @@ def test_fed_zigzag_logistic_marginal_w1_within_the_calibrated_bound(cache_dir):
                    process_time=100.0, delta=0.1, seed=4, burn_in=10.0)
     assert np.all(run.winners[1:] > 0)  # every worker's events count
     ess = SamplePosterior(run.chains).ess()
-    w1 = R.marginal_w1(run.chains, ref.draws)
-    bound = R.w1_bound(ref.draws, ess, np.random.default_rng(12), repeats=200,
+    w1 = SQ.marginal_w1(run.chains, ref.draws)
+    bound = SQ.w1_bound(ref.draws, ess, np.random.default_rng(12), repeats=200,
                        quantile=0.99, factor=3.0)
     print("ESS", ess.round(), "\nW1", w1.round(4), "\nbound", bound.round(4))
     assert np.all(w1 <= bound), (w1, bound, ess)
     assert np.min(ess) > 300  # enough for the power check below
     shifted = run.chains + 0.5 * ref.draws.std(0)
-    assert np.all(R.marginal_w1(shifted, ref.draws) > bound)
+    assert np.all(SQ.marginal_w1(shifted, ref.draws) > bound)

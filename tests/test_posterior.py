@@ -12,7 +12,7 @@ from numpy_nets import numpy_forward
 from scipy.stats import wasserstein_distance
 
 from fedbayes_flwr.data import load_dataset
-from fedbayes_flwr.evaluation.metrics import kernel_stein_discrepancy, ksd_of_posterior, marginal_w1
+from fedbayes_flwr.evaluation.sample_quality import kernel_stein_discrepancy, ksd_of_posterior, posterior_w1
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import (
     PREDICTIVE_SAMPLES,
@@ -217,17 +217,17 @@ def test_marginal_w1():
     ref = rng.normal(size=(n, d))
     same = NumpyGaussian(np.zeros(d), np.ones(d))
     seed = np.array([3, 4], np.int32)
-    w1 = marginal_w1(same, ref, seed=seed)
+    w1 = posterior_w1(same, ref, seed=seed)
     draws = same.sample(seed, n)
     want = [wasserstein_distance(draws[:, j], ref[:, j]) for j in range(d)]
     np.testing.assert_allclose(w1, want, rtol=1e-14)  # the same scipy call on the same draws
     # E[W1] between two n = 2000 samples of N(0, 1) is ~ 0.03; a 0.5 shift moves W1 to ~ 0.5
     assert np.all(w1 < 0.1)
-    shifted = marginal_w1(NumpyGaussian(np.full(d, 0.5), np.ones(d)), ref, seed=seed)
+    shifted = posterior_w1(NumpyGaussian(np.full(d, 0.5), np.ones(d)), ref, seed=seed)
     assert np.all(shifted > 0.4)
-    assert marginal_w1(same, ref, seed=seed, n=100).shape == (d,)
+    assert posterior_w1(same, ref, seed=seed, n=100).shape == (d,)
     with pytest.raises(ValueError, match="reference_draws"):
-        marginal_w1(same, ref[:, :2])
+        posterior_w1(same, ref[:, :2])
 
 
 def _stein_kernel_fd(x, y, sx, sy, beta=-0.5, c=1.0, h=1e-5):

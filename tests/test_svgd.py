@@ -10,6 +10,7 @@ from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
 from fedbayes_flwr.algorithms.dsvgd import svgd as sv
+from fedbayes_flwr.inference import kde
 
 # A 2-D Gaussian target N(M, S) used by the SVGD tests.
 M = np.array([1.0, -2.0])
@@ -198,7 +199,7 @@ def test_kde_log_density_matches_direct_formula(bw):
     want, _ = direct_kde_log_density(x, c, bw)
     assert np.all(np.isfinite(want))
     # log-sum-exp vs log(mean(exp)): same quantity, rounding only (values are O(1-10)).
-    np.testing.assert_allclose(sv.kde_log_density(x, c, bw), want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(kde.kde_log_density(x, c, bw), want, rtol=0, atol=1e-12)
 
 
 def test_kde_log_density_far_away_is_finite():
@@ -209,7 +210,7 @@ def test_kde_log_density_far_away_is_finite():
     assert np.min(np.linalg.norm(c - x, axis=1)) > 900 * bw
     direct, logpdf = direct_kde_log_density(x, c, bw)
     assert np.isneginf(direct[0])  # every exp(logpdf) underflows to 0
-    got = sv.kde_log_density(x, c, bw)
+    got = kde.kde_log_density(x, c, bw)
     assert np.isfinite(got[0]) and got[0] < -1e5
     # Independent stable evaluation from scipy's per-centre log densities (values ~ -5e5).
     assert got[0] == pytest.approx(logsumexp(logpdf[0]) - np.log(20), rel=1e-12)
@@ -225,9 +226,9 @@ def test_kde_score_matches_finite_differences(bw):
     for k in range(3):
         e = np.zeros(3)
         e[k] = eps
-        fd[:, k] = (sv.kde_log_density(x + e, c, bw) - sv.kde_log_density(x - e, c, bw)) / (2 * eps)
+        fd[:, k] = (kde.kde_log_density(x + e, c, bw) - kde.kde_log_density(x - e, c, bw)) / (2 * eps)
     # Central differences: truncation ~eps^2 / bw^3 ~ 1e-9, rounding ~1e-16 * |log p| / eps ~ 1e-10.
-    np.testing.assert_allclose(sv.kde_score(x, c, bw), fd, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(kde.kde_score(x, c, bw), fd, rtol=0, atol=1e-6)
 
 
 def test_kde_score_far_away_points_to_nearest_centre():
@@ -239,7 +240,7 @@ def test_kde_score_far_away_points_to_nearest_centre():
     nearest = int(np.argmin(dist2))
     gap = (np.sort(dist2)[1] - dist2[nearest]) / (2 * bw**2)
     assert gap > 50  # the other centres' softmax weights are below exp(-50)
-    score = sv.kde_score(x, c, bw)[0]
+    score = kde.kde_score(x, c, bw)[0]
     assert np.all(np.isfinite(score))
     want = (c[nearest] - x[0]) / bw**2
     # All weight on the nearest centre up to exp(-gap); the rest is rounding.
@@ -253,19 +254,19 @@ def test_kde_bandwidth_auto_is_scott_and_float_is_absolute():
     rng = np.random.default_rng(10)
     x = rng.normal(size=(50, 4)) * np.array([1.0, 2.0, 3.0, 4.0])
     std = np.sqrt(np.sum((x - x.mean(axis=0)) ** 2, axis=0) / 49)
-    assert sv.kde_bandwidth(x) == pytest.approx(std.mean() * 50 ** (-1 / 8), rel=1e-12)
-    assert sv.kde_bandwidth(10 * x, "auto") == pytest.approx(10 * sv.kde_bandwidth(x), rel=1e-12)
-    assert sv.kde_bandwidth(x, 0.55) == 0.55 == sv.PAPER_KDE_BANDWIDTH
-    assert sv.kde_bandwidth(10 * x, 0.55) == 0.55  # absolute: ignores the spread
+    assert kde.kde_bandwidth(x) == pytest.approx(std.mean() * 50 ** (-1 / 8), rel=1e-12)
+    assert kde.kde_bandwidth(10 * x, "auto") == pytest.approx(10 * kde.kde_bandwidth(x), rel=1e-12)
+    assert kde.kde_bandwidth(x, 0.55) == 0.55 == kde.PAPER_KDE_BANDWIDTH
+    assert kde.kde_bandwidth(10 * x, 0.55) == 0.55  # absolute: ignores the spread
 
 
 def test_kde_bandwidth_degenerate_and_invalid():
-    assert sv.kde_bandwidth(np.array([[1.0, 2.0]])) == sv.DEGENERATE_KDE_BANDWIDTH == 1.0
-    assert sv.kde_bandwidth(np.full((6, 3), -2.0)) == 1.0
-    assert sv.kde_bandwidth(np.array([[1.0, 2.0]]), 0.3) == 0.3
+    assert kde.kde_bandwidth(np.array([[1.0, 2.0]])) == kde.DEGENERATE_KDE_BANDWIDTH == 1.0
+    assert kde.kde_bandwidth(np.full((6, 3), -2.0)) == 1.0
+    assert kde.kde_bandwidth(np.array([[1.0, 2.0]]), 0.3) == 0.3
     for bad in (0.0, -1.0, float("nan"), float("inf"), "scott"):
         with pytest.raises(ValueError):
-            sv.kde_bandwidth(np.zeros((3, 2)), bad)
+            kde.kde_bandwidth(np.zeros((3, 2)), bad)
 
 
 # --------------------------------------------------------------------------- ratio of KDEs
@@ -275,21 +276,21 @@ def test_log_ratio_score():
     rng = np.random.default_rng(11)
     a, b, c = (rng.normal(loc=mu, size=(15, 2)) for mu in (0.0, 1.0, -1.0))
     x = rng.normal(size=(8, 2))
-    assert np.all(sv.log_ratio_score(x, [(a, 0.55)], [(a, 0.55)]) == 0.0)
-    got = sv.log_ratio_score(x, [(a, 0.55), (b, 0.8)], [(c, 0.6)])
-    want = sv.kde_score(x, a, 0.55) + sv.kde_score(x, b, 0.8) - sv.kde_score(x, c, 0.6)
+    assert np.all(kde.log_ratio_score(x, [(a, 0.55)], [(a, 0.55)]) == 0.0)
+    got = kde.log_ratio_score(x, [(a, 0.55), (b, 0.8)], [(c, 0.6)])
+    want = kde.kde_score(x, a, 0.55) + kde.kde_score(x, b, 0.8) - kde.kde_score(x, c, 0.6)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
 
     # Independently: finite differences of the log ratio of the KDE log densities.
     def log_ratio(y):
-        return (sv.kde_log_density(y, a, 0.55) + sv.kde_log_density(y, b, 0.8)
-                - sv.kde_log_density(y, c, 0.6))
+        return (kde.kde_log_density(y, a, 0.55) + kde.kde_log_density(y, b, 0.8)
+                - kde.kde_log_density(y, c, 0.6))
 
     eps = 1e-5
     fd = np.stack([(log_ratio(x + eps * e) - log_ratio(x - eps * e)) / (2 * eps) for e in np.eye(2)],
                   axis=1)
     np.testing.assert_allclose(got, fd, rtol=0, atol=1e-6)  # as in the kde_score FD test
-    np.testing.assert_array_equal(sv.log_ratio_score(x, [], []), np.zeros_like(x))
+    np.testing.assert_array_equal(kde.log_ratio_score(x, [], []), np.zeros_like(x))
 
 
 def test_shrink_kde_variance_identities():
@@ -299,16 +300,16 @@ def test_shrink_kde_variance_identities():
     x = rng.normal(size=(40, 1)) * 2.0
     s2 = float(x.var(ddof=1))
     h = 0.7
-    k = sv.shrink_kde(sv.KDE(x, h))
+    k = kde.shrink_kde(kde.KDE(x, h))
     v = s2 * s2 / (s2 + h * h) + h * h
     assert k.bandwidth == h
     np.testing.assert_allclose(k.centres.var(ddof=1) + h * h, v, rtol=1e-12)
     np.testing.assert_allclose(k.centres.mean(0), x.mean(0), rtol=0, atol=1e-12)
-    wide = sv.shrink_kde(sv.KDE(x, h), min_bandwidth=1.2)
+    wide = kde.shrink_kde(kde.KDE(x, h), min_bandwidth=1.2)
     assert wide.bandwidth == 1.2
     np.testing.assert_allclose(wide.centres.var(ddof=1) + 1.2**2, v, rtol=1e-12)
     # wider than the variance allows: the centres collapse on their mean
-    huge = sv.shrink_kde(sv.KDE(x, h), min_bandwidth=10.0)
+    huge = kde.shrink_kde(kde.KDE(x, h), min_bandwidth=10.0)
     np.testing.assert_allclose(huge.centres, np.broadcast_to(x.mean(0), x.shape), atol=1e-12)
 
 
@@ -320,11 +321,11 @@ def test_paired_ratio_grows_at_most_linearly_in_the_tails():
     far = np.array([[20.0], [40.0], [80.0]])
 
     def log_ratio(num, den):
-        return (sv.kde_log_density(far, num.centres, num.bandwidth)
-                - sv.kde_log_density(far, den.centres, den.bandwidth))
+        return (kde.kde_log_density(far, num.centres, num.bandwidth)
+                - kde.kde_log_density(far, den.centres, den.bandwidth))
 
-    (n_own,), (d_own,) = sv.ratio_kdes([wide], [narrow], paired=False)
-    (n_pair,), (d_pair,) = sv.ratio_kdes([wide], [narrow], paired=True)
+    (n_own,), (d_own,) = kde.ratio_kdes([wide], [narrow], paired=False)
+    (n_pair,), (d_pair,) = kde.ratio_kdes([wide], [narrow], paired=True)
     assert d_pair.bandwidth >= n_pair.bandwidth > d_own.bandwidth
     own, paired = log_ratio(n_own, d_own), log_ratio(n_pair, d_pair)
     # second differences over x = 20, 40, 80: quadratic growth doubles the slope, linear keeps it

@@ -29,8 +29,8 @@ NamedTuple states); Babuschkin et al. (2020), Optax (init/update); Dillon et al.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -164,19 +164,112 @@ class ClientData(NamedTuple):
     y: np.ndarray | None
 
 
-def _no_check(state, setup, action, reply):
+# The bundle's contract, one Protocol per function (BlackJAX's InitFn/UpdateFn and Optax's
+# TransformInitFn/TransformUpdateFn are the models). States, messages and replies are the
+# family's own NamedTuples, hence ``Any``.
+
+
+class InitServerFn(Protocol):
+    """``init_server(setup) -> server_state``."""
+
+    def __call__(self, setup: Setup, /) -> Any: ...
+
+
+class InitClientFn(Protocol):
+    """``init_client(setup, partition_id) -> client_state``."""
+
+    def __call__(self, setup: Setup, partition_id: int, /) -> Any: ...
+
+
+class RequestsFn(Protocol):
+    """``requests(server_state, setup, rnd) -> {partition_id: Request}``: who gets what."""
+
+    def __call__(self, state: Any, setup: Setup, rnd: Round, /) -> Mapping[int, Request]: ...
+
+
+class ClientStepFn(Protocol):
+    """``client_step(seed, client_state, request, data, setup) -> (client_state, reply, info)``."""
+
+    def __call__(self, seed: np.ndarray, state: Any, request: Request, data: ClientData,
+                 setup: Setup, /) -> tuple[Any, Any, dict]: ...
+
+
+class ServerStepFn(Protocol):
+    """``server_step(server_state, [(partition_id, reply | Rejection)], setup, rnd)
+    -> (server_state, StepInfo)``."""
+
+    def __call__(self, state: Any, replies: Sequence[tuple[int, Any]], setup: Setup,
+                 rnd: Round, /) -> tuple[Any, StepInfo]: ...
+
+
+class PosteriorFn(Protocol):
+    """``posterior(server_state, setup)``: the common posterior interface."""
+
+    def __call__(self, state: Any, setup: Setup, /) -> Any: ...
+
+
+class ActionsFn(Protocol):
+    """``actions(setup) -> {action: ActionSpec}``."""
+
+    def __call__(self, setup: Setup, /) -> Mapping[str, ActionSpec]: ...
+
+
+class ClientStateTemplateFn(Protocol):
+    """``client_state_template(setup)``: the template of the persisted client state."""
+
+    def __call__(self, setup: Setup, /) -> Any: ...
+
+
+class CheckFn(Protocol):
+    """``check(server_state, setup, action, reply) -> (field, reason) | None``: invariants."""
+
+    def __call__(self, state: Any, setup: Setup, action: str, reply: Any,
+                 /) -> tuple[str, str] | None: ...
+
+
+class ModeFn(Protocol):
+    """``mode(config) -> "barrier" | "apply-on-arrival"``."""
+
+    def __call__(self, config: Any, /) -> str: ...
+
+
+class DoneFn(Protocol):
+    """``done(server_state, setup) -> bool``, checked at evaluation points."""
+
+    def __call__(self, state: Any, setup: Setup, /) -> bool: ...
+
+
+class PolicyFn(Protocol):
+    """``policy(config) -> str``: a failure policy that depends on the bundle's settings."""
+
+    def __call__(self, config: Any, /) -> str: ...
+
+
+class CorruptFn(Protocol):
+    """``corrupt(kind, reply, request) -> reply``: the ``inject-fault`` testing hook."""
+
+    def __call__(self, kind: str, reply: Any, request: Any, /) -> Any: ...
+
+
+class PriorDiagFn(Protocol):
+    """``prior_diag(config, model) -> bool``: whether the prior is held mean-field."""
+
+    def __call__(self, config: Any, model: Any, /) -> bool: ...
+
+
+def _no_check(state: Any, setup: Setup, action: str, reply: Any, /) -> tuple[str, str] | None:
     return None
 
 
-def _barrier(config) -> str:
+def _barrier(config: Any, /) -> str:
     return "barrier"
 
 
-def _never(state, setup) -> bool:
+def _never(state: Any, setup: Setup, /) -> bool:
     return False
 
 
-def _diag_if_mean_field(config, model) -> bool:
+def _diag_if_mean_field(config: Any, model: Any, /) -> bool:
     return bool(model.mean_field_only)
 
 
@@ -224,20 +317,20 @@ class Bundle(NamedTuple):
 
     name: str
     config_class: type
-    init_server: Callable
-    init_client: Callable
-    requests: Callable
-    client_step: Callable
-    server_step: Callable
-    posterior: Callable
-    actions: Callable
-    client_state_template: Callable
-    check: Callable = _no_check
-    mode: Callable = _barrier
-    done: Callable = _never
-    failure_policy: str | Callable = "reject"
-    corrupt: Callable | None = None
-    prior_diag: Callable = _diag_if_mean_field
+    init_server: InitServerFn
+    init_client: InitClientFn
+    requests: RequestsFn
+    client_step: ClientStepFn
+    server_step: ServerStepFn
+    posterior: PosteriorFn
+    actions: ActionsFn
+    client_state_template: ClientStateTemplateFn
+    check: CheckFn = _no_check
+    mode: ModeFn = _barrier
+    done: DoneFn = _never
+    failure_policy: str | PolicyFn = "reject"
+    corrupt: CorruptFn | None = None
+    prior_diag: PriorDiagFn = _diag_if_mean_field
     structured_models: bool = False
 
 

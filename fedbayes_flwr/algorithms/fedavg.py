@@ -52,6 +52,7 @@ import numpy as np
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
 from fedbayes_flwr.algorithms.particles import minibatch_grad, prior_draws, prior_score
 from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.seeds import numpy_rng
 
 VARIANTS = ("fedavg", "fedavg-paper")
@@ -227,8 +228,6 @@ def _server_step(state: ServerState, replies, setup, rnd):
 
 
 def _posterior(state: ServerState, setup):
-    from fedbayes_flwr.inference.posterior import SamplePosterior
-
     return SamplePosterior(state.theta[None])
 
 

@@ -58,3 +58,17 @@ def minibatch_grad(rng: np.random.Generator, x: np.ndarray, data, setup, batch: 
     else:
         xb, yb, scale = data.x, data.y, float(factor)
     return setup.model.log_density_and_grad(x, xb, yb, prior=None, data_scale=scale)[1]
+
+
+#: Default particle numbers of the reference code per model family (``num-particles = 0``);
+#: linear models take 20, not the reference's 6 (see :class:`fedbayes_flwr.algorithms.dsvgd.DSVGDConfig`).
+AUTO_PARTICLES = {"mixture-1d": 200, "bnn": 20, "other": 20}
+
+
+# ---------------------------------------------------------------------------- settings by model
+def model_family(model) -> str:
+    """``mixture-1d``, ``bnn`` or ``other``: the model families whose defaults differ."""
+    name = getattr(model, "name", "")
+    if name == "mixture-1d":
+        return "mixture-1d"
+    return "bnn" if name.startswith("bnn-") else "other"

@@ -68,9 +68,16 @@ from typing import NamedTuple
 import numpy as np
 
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from fedbayes_flwr.algorithms.dsvgd.bundle import AUTO_PARTICLES, model_family
-from fedbayes_flwr.algorithms.particles import minibatch_grad, prior_draws, prior_score, project
+from fedbayes_flwr.algorithms.particles import (
+    AUTO_PARTICLES,
+    minibatch_grad,
+    model_family,
+    prior_draws,
+    prior_score,
+    project,
+)
 from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 VARIANTS = ("sgld", "dsgld")
@@ -258,8 +265,6 @@ def _server_step(state: ServerState, replies, setup, rnd):
 
 
 def _posterior(state: ServerState, setup):
-    from fedbayes_flwr.inference.posterior import SamplePosterior
-
     return SamplePosterior(state.chains)
 
 

@@ -95,7 +95,7 @@ def plot_reliability(diagram: dict[str, list], path: str | os.PathLike, title: s
     Parameters
     ----------
     diagram : dict of str to list
-        Output of :func:`fedbayes_flwr.evaluation.metrics.reliability_diagram`.
+        Output of :func:`fedbayes_flwr.evaluation.predictive.reliability_diagram`.
     path : str or os.PathLike
         Output PNG path.
     title : str, optional

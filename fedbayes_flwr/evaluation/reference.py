@@ -1,4 +1,4 @@
-"""Reference posteriors by long NUTS runs, and the marginal 1-Wasserstein distance to them.
+"""Reference posteriors by long NUTS runs, cached on disk.
 
 A sampler is checked against a reference sample of the same posterior: :func:`nuts_reference`
 runs the No-U-Turn sampler (``tfp.mcmc.NoUTurnSampler`` with dual-averaging step-size adaptation)
@@ -8,13 +8,9 @@ TensorFlow densities, :meth:`~fedbayes_flwr.models.Model.log_likelihood_tf` and
 keyed on everything that determines them (model, data, prior, seed, settings), so tests and
 benchmarks compute a reference once.
 
-:func:`marginal_w1` is the per-coordinate 1-Wasserstein distance between two samples
-(``scipy.stats.wasserstein_distance``). A run's distance to the reference is never zero: with
-``n`` effective draws it is of order ``sd / sqrt(n)``. :func:`w1_noise_floor` measures that floor
-directly: the distance between as many i.i.d. draws from the reference as the run's effective
-sample size (ESS) and the rest of the reference, repeated; :func:`w1_bound` turns it into a
-bound (a multiple of a quantile of the floor). A run whose distance exceeds the bound is off by
-more than its own Monte Carlo error explains.
+A run is compared with the reference by the marginal W1 and the tolerance calibrated from the
+reference itself (:mod:`fedbayes_flwr.evaluation.sample_quality`: ``marginal_w1``,
+``w1_noise_floor``, ``w1_bound``).
 
 Cache
 -----
@@ -48,8 +44,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CACHE_ENV", "Reference", "default_cache_dir", "marginal_w1", "nuts_reference",
-           "reference_key", "w1_bound", "w1_noise_floor"]
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import SamplePosterior
+
+__all__ = ["CACHE_ENV", "Reference", "default_cache_dir", "nuts_reference", "reference_key"]
 
 CACHE_ENV = "FEDBAYES_CACHE"
 CACHE_VERSION = 1  # bump when the sampler's code changes what a key produces
@@ -132,7 +130,6 @@ def _run_nuts(model, x, y, prior, num_params: int, settings: dict):
     import tensorflow as tf
     import tensorflow_probability as tfp
 
-    from fedbayes_flwr.inference import gaussian as G
 
     x_t = tf.constant(np.asarray(x, dtype=np.float64))
     y_t = (tf.zeros([x_t.shape[0]], tf.float64) if y is None
@@ -226,7 +223,6 @@ def nuts_reference(model, x, y, prior, *, num_chains: int = 4, num_draws: int = 
     Hoffman & Gelman (2014), "The No-U-Turn Sampler", JMLR 15, Algorithm 6; Gelman & Rubin
     (1992) (R-hat).
     """
-    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     x = np.asarray(x, dtype=np.float64)
     num_params = int(model.param_dim(x.shape[1]))
@@ -265,112 +261,3 @@ def nuts_reference(model, x, y, prior, *, num_chains: int = 4, num_draws: int = 
     return Reference(chains, ess, rhat, info, path, False)
 
 
-def _flat(samples) -> np.ndarray:
-    a = np.asarray(samples, dtype=np.float64)
-    if a.ndim == 1:
-        return a[:, None]
-    return a.reshape(-1, a.shape[-1])
-
-
-def marginal_w1(samples_a, samples_b) -> np.ndarray:
-    """The 1-Wasserstein distance between the marginals of two samples, per coordinate.
-
-    Parameters
-    ----------
-    samples_a, samples_b : array_like
-        ``(..., d)`` draws (chains are pooled: every axis but the last is flattened); a 1-D
-        array is one coordinate.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(d,)``: ``W1`` between the empirical marginals of coordinate ``j``
-        (``scipy.stats.wasserstein_distance``, the area between the two empirical CDFs).
-
-    References
-    ----------
-    Villani (2009), "Optimal Transport, Old and New", Chapter 6; the seed paper, Section 6
-    (marginal W1 to a long reference run).
-    """
-    from scipy.stats import wasserstein_distance
-
-    a, b = _flat(samples_a), _flat(samples_b)
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"dimensions differ: {a.shape[1]} and {b.shape[1]}")
-    return np.array([wasserstein_distance(a[:, j], b[:, j]) for j in range(a.shape[1])])
-
-
-def w1_noise_floor(reference, n_draws, rng: np.random.Generator,
-                   repeats: int = 200) -> np.ndarray:
-    """The marginal W1 that a perfect sampler with ``n_draws`` independent draws would show.
-
-    Each repeat splits the pooled reference at random: ``n_draws`` draws (without replacement:
-    the first ``n_draws`` of one ``rng.permutation`` of the ``R`` pooled draws per repeat, shared
-    by the coordinates; approximately i.i.d. from the posterior when the reference's own ESS is
-    much larger than ``n_draws``) against the other ``R - n_draws``, and measures the same
-    distance as :func:`marginal_w1` between the two (computed on the sorted reference, without
-    a sort per split). A run with
-    effective sample size ``n_draws`` compared with the same reference has the same Monte Carlo
-    error (its draws' and the reference's), so its distance is on the scale of these.
-
-    Parameters
-    ----------
-    reference : array_like
-        ``(..., d)`` reference draws (pooled), e.g. :attr:`Reference.draws`.
-    n_draws : int or array_like
-        The run's ESS: one number, or ``(d,)`` (per coordinate); rounded down, at least 1 and
-        less than the number of reference draws.
-    rng : numpy.random.Generator
-    repeats : int
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(repeats, d)`` distances.
-
-    References
-    ----------
-    The seed paper, Section 6 (W1 to a reference sample); del Barrio, Gine & Matran (1999),
-    "Central limit theorems for the Wasserstein distance between the empirical and the true
-    distributions", Annals of Probability 27 (the ``n^{-1/2}`` scale of the empirical W1).
-    """
-    ref = _flat(reference)
-    total, d = ref.shape
-    n = np.broadcast_to(np.floor(np.asarray(n_draws, dtype=np.float64)), (d,)).astype(np.int64)
-    n = np.maximum(n, 1)
-    if np.any(n >= total):
-        raise ValueError(f"n_draws {n.max()} must be below the {total} reference draws")
-    # W1 between two empirical distributions on the sorted pooled points s_0 <= ... <= s_{R-1}:
-    # sum_k |F_a(s_k) - F_b(s_k)| (s_{k+1} - s_k), the same integral scipy computes, without a
-    # sort per split
-    order = np.argsort(ref, axis=0, kind="stable")
-    gaps = np.ascontiguousarray(np.diff(np.take_along_axis(ref, order, axis=0), axis=0).T)
-    order = np.ascontiguousarray(order[:-1].T)  # (d, R - 1): the last point bounds no gap
-    below = np.arange(1, total)
-    out = np.empty((repeats, d))
-    rank, positions = np.empty(total, np.int64), np.arange(total)
-    for r in range(repeats):
-        rank[rng.permutation(total)] = positions  # the split: draws perm[:n] vs the rest
-        for j in range(d):
-            picked = np.cumsum(rank[order[j]] < n[j])
-            diff = picked / n[j] - (below - picked) / (total - n[j])
-            out[r, j] = np.dot(np.abs(diff), gaps[j])
-    return out
-
-
-def w1_bound(reference, n_draws, rng: np.random.Generator, repeats: int = 200,
-             quantile: float = 0.99, factor: float = 3.0) -> np.ndarray:
-    """``factor`` times the ``quantile`` of :func:`w1_noise_floor` over ``repeats``, per coordinate.
-
-    The factor covers what the floor does not: ``W1`` depends on the whole marginal while the
-    ESS is the mean's (tails and quantiles of an MCMC run mix more slowly), and the ESS is
-    itself estimated. ``W1`` falls as ``n^{-1/2}``, so a factor ``c`` tolerates an effective size
-    for the marginal ``c^2`` times smaller than the ESS.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(d,)``.
-    """
-    floor = w1_noise_floor(reference, n_draws, rng, repeats)
-    return factor * np.quantile(floor, quantile, axis=0)

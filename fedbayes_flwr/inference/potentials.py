@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedbayes_flwr.inference import gaussian as G
+
 
 class Potential:
     """A potential's gradient and line bounds (see the module docstring).
@@ -177,10 +179,7 @@ def from_natural(natural, dense: bool = True):
     Hessian and rate bounds PDMC needs), or with ``dense=False`` a diagonal one as
     :class:`DiagonalGaussian` (``O(d)``; gradient samplers)."""
     if not dense and natural.is_diag:
-        from fedbayes_flwr.inference import gaussian as G
-
         return DiagonalGaussian(G.precision(natural), G.to_moments(natural)[0])
-    from fedbayes_flwr.inference import gaussian as G
 
     prec = G.precision(natural)
     prec = np.diag(prec) if natural.is_diag else prec

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedbayes_flwr.evaluation.metrics import regression_metrics
+from fedbayes_flwr.evaluation.predictive import regression_metrics
 from fedbayes_flwr.inference.student_t import StudentTAR1, student_t_log_norm
 from fedbayes_flwr.models.base import Model, Prediction
 
@@ -78,7 +78,7 @@ class AR1StudentT(Model):
         return (-0.5 * (nu + 1.0) * tf.reduce_sum(tf.math.log1p(r * r / nu), axis=2)
                 + k * student_t_log_norm(nu))
 
-    def pdmp_potential(self, x, y=None):
+    def bounded_potential(self, x, y=None):
         """:class:`~fedbayes_flwr.inference.student_t.StudentTAR1` of the rows (affine rate bounds from
         ``|psi'| <= (nu + 1) / nu``)."""
         return StudentTAR1(x, self.NU)

@@ -51,13 +51,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr.evaluation.metrics import (
+from fedbayes_flwr.evaluation.predictive import (
     binary_classification_metrics,
     regression_metrics,
     reliability_diagram,
 )
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.sensitivity import UnboundedSensitivityError
 
 if TYPE_CHECKING:
     from fedbayes_flwr.inference.posterior import Posterior
@@ -133,29 +134,28 @@ class Model:
     def likelihood_factor(self, x, y) -> NaturalGaussian | None:
         return None
 
-    def pdmp_potential(self, x, y):
+    def bounded_potential(self, x, y):
         """The rows' negative log-likelihood as a :class:`fedbayes_flwr.inference.potentials.Potential`
         (numpy gradient and rate bounds for PDMC), or None when the model has none."""
         return None
 
-    def hmc_potential(self, x, y):
+    def gradient_potential(self, x, y):
         """The rows' negative log-likelihood for gradient-based samplers (decentralized HMC):
         an object with numpy ``value``, ``grad`` and ``hess_quad`` over a batch of parameter
-        rows ``(K, d)``, or None. Defaults to :meth:`pdmp_potential`; models with no rate bounds
+        rows ``(K, d)``, or None. Defaults to :meth:`bounded_potential`; models with no rate bounds
         (softmax regression, BNNs) override this one only, so PDMC still refuses them."""
-        return self.pdmp_potential(x, y)
+        return self.bounded_potential(x, y)
 
-    def has_hmc_potential(self) -> bool:
-        """Whether :meth:`hmc_potential` is available (without building one)."""
+    def has_gradient_potential(self) -> bool:
+        """Whether :meth:`gradient_potential` is available (without building one)."""
         cls = type(self)
-        return (cls.hmc_potential is not Model.hmc_potential
-                or cls.pdmp_potential is not Model.pdmp_potential)
+        return (cls.gradient_potential is not Model.gradient_potential
+                or cls.bounded_potential is not Model.bounded_potential)
 
-    def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
+    def rate_sensitivity(self, feature_clip: float, param_dim: int):
         """Per-coordinate bound ``K_i`` on how much one record (add/remove) changes a Zig-Zag
         rate, for PDMC's differential privacy; models without one raise
-        :class:`fedbayes_flwr.algorithms.pdmc.privacy.UnboundedSensitivityError`."""
-        from fedbayes_flwr.algorithms.pdmc.privacy import UnboundedSensitivityError
+        :class:`fedbayes_flwr.inference.sensitivity.UnboundedSensitivityError`."""
 
         raise UnboundedSensitivityError(f"model {self.name!r} has no bounded rate sensitivity")
 

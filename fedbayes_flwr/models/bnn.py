@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedbayes_flwr.evaluation.metrics import multiclass_classification_metrics, reliability_diagram
+from fedbayes_flwr.evaluation.predictive import multiclass_classification_metrics, reliability_diagram
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
 from fedbayes_flwr.models.base import Model, Prediction
+from fedbayes_flwr.models.nets_numpy import SoftmaxNetPotential
 
 INIT_SEED = 12345
 INIT_STD = 0.05  # Blundell et al. (2015) start at softplus(-3) ~ 0.05
@@ -117,12 +118,11 @@ class BNNClassifier(BNN):
         logits = self.forward_tf(theta, x)
         return tfp.distributions.Categorical(logits=logits).log_prob(tf.cast(y, tf.int32)[None, :])
 
-    def hmc_potential(self, x, y):
+    def gradient_potential(self, x, y):
         """The rows' softmax cross-entropy as a numpy potential for gradient-based samplers
         (decentralized HMC): :class:`fedbayes_flwr.models.nets_numpy.SoftmaxNetPotential`, with the
         parameter layout of :meth:`forward_tf` (``value``, ``grad`` and an exact ``hess_quad``
         over ``(K, d)`` batches)."""
-        from fedbayes_flwr.models.nets_numpy import SoftmaxNetPotential
 
         return SoftmaxNetPotential(x, y, self.layer_sizes(int(np.shape(x)[1])))
 

@@ -26,6 +26,12 @@ from math import lgamma
 import numpy as np
 
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.potentials import (
+    Logistic,
+    gaussian_mean_potential,
+    linear_regression_potential,
+)
+from fedbayes_flwr.inference.sensitivity import gaussian_mean_sensitivity, logistic_sensitivity
 from fedbayes_flwr.models.base import Model, Prediction
 
 _GH_POINTS, _GH_WEIGHTS = np.polynomial.hermite_e.hermegauss(64)
@@ -67,15 +73,13 @@ class GaussianMean(Model):
         d = tf.cast(tf.shape(x)[1], theta.dtype)
         return -0.5 * tf.reduce_sum(diff**2, axis=2) / s2 - 0.5 * d * np.log(2.0 * np.pi * s2)
 
-    def pdmp_potential(self, x, y=None):
+    def bounded_potential(self, x, y=None):
         """``sum_n |x_n - theta|^2 / (2 noise^2)``: quadratic, exact rates."""
-        from fedbayes_flwr.inference.potentials import gaussian_mean_potential
 
         return gaussian_mean_potential(x, self.noise_scale**2)
 
-    def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
+    def rate_sensitivity(self, feature_clip: float, param_dim: int):
         """Unbounded: one record changes the rate by ``|x_i - y_ni| / noise^2``."""
-        from fedbayes_flwr.algorithms.pdmc.privacy import gaussian_mean_sensitivity
 
         return gaussian_mean_sensitivity()
 
@@ -126,9 +130,8 @@ class LinearRegression(Model):
         resid = y[None, :] - tf.linalg.matmul(theta, x, transpose_b=True)
         return -0.5 * resid**2 / s2 - 0.5 * np.log(2.0 * np.pi * s2)
 
-    def pdmp_potential(self, x, y):
+    def bounded_potential(self, x, y):
         """``|y - x theta|^2 / (2 noise^2)``: quadratic, exact rates."""
-        from fedbayes_flwr.inference.potentials import linear_regression_potential
 
         return linear_regression_potential(x, y, self.noise_scale**2)
 
@@ -171,15 +174,13 @@ class LogisticRegression(Model):
     def _design(x: np.ndarray) -> np.ndarray:
         return np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
 
-    def pdmp_potential(self, x, y):
+    def bounded_potential(self, x, y):
         """The negative log-likelihood with the Zig-Zag logistic bounds (``(1/4) xi xi^T``)."""
-        from fedbayes_flwr.inference.potentials import Logistic
 
         return Logistic(self._design(np.asarray(x, dtype=np.float64)), y)
 
-    def pdmp_sensitivity(self, feature_clip: float, param_dim: int):
+    def rate_sensitivity(self, feature_clip: float, param_dim: int):
         """``K_i = clip`` per weight and 1 for the intercept (add/remove one record)."""
-        from fedbayes_flwr.algorithms.pdmc.privacy import logistic_sensitivity
 
         return logistic_sensitivity(np.full(param_dim - 1, feature_clip), intercept=True)
 

@@ -30,6 +30,9 @@ import numpy as np
 
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.vb.gmm import GMM
+from fedbayes_flwr.inference.vb.latent_feature import LatentFeature
+from fedbayes_flwr.inference.vb.lda import LDA
 
 
 class StructuredModel:
@@ -89,8 +92,6 @@ class GMMModel(StructuredModel):
     name = "gmm"
 
     def vb(self, config, num_features, stand_in, prior_precision=None):
-        from fedbayes_flwr.inference.vb.gmm import GMM
-
         return GMM(config.components, num_features, self.noise_scale**2, _prior_var(stand_in),
                    config.concentration)
 
@@ -101,8 +102,6 @@ class LDAModel(StructuredModel):
     name = "lda"
 
     def vb(self, config, num_features, stand_in, prior_precision=None):
-        from fedbayes_flwr.inference.vb.lda import LDA
-
         return LDA(config.components, num_features, config.doc_concentration or None,
                    config.topic_concentration)
 
@@ -122,8 +121,6 @@ class LatentFeatureModel(StructuredModel):
     needs_moments = True
 
     def vb(self, config, num_features, stand_in, prior_precision=None):
-        from fedbayes_flwr.inference.vb.latent_feature import LatentFeature
-
         return LatentFeature(config.components, num_features, self.noise_scale**2,
                              config.concentration, config.concentration,
                              1.0 if prior_precision is None else float(prior_precision))

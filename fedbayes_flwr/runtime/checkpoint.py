@@ -39,6 +39,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fedbayes_flwr.algorithms import registry
+from fedbayes_flwr.runtime.config import parse_run_config
+
 FILE = "checkpoint.npz"
 FORMAT_VERSION = 1
 _META = "__meta__"
@@ -140,7 +143,7 @@ def _namedtuple_class(name: str):
     owner = sys.modules.get(module)  # never import what a file names: only known modules
     if owner is None:
         raise CheckpointError(f"checkpoint: type {name} belongs to a module that is not loaded")
-    cls = owner
+    cls: Any = owner
     for part in qualname.split("."):
         cls = getattr(cls, part, None)
     if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
@@ -191,8 +194,9 @@ def save(output_dir: str, ckpt: Checkpoint) -> str:
             "client_versions": [int(v) for v in ckpt.client_versions],
             "history": ckpt.history, "counters": ckpt.counters, "structure": structure}
     buffer = io.BytesIO()
-    np.savez(buffer, **{_META: np.array(json.dumps(meta, default=_json_default))},
-             **{f"a{i}": a for i, a in enumerate(arrays)})
+    members = {_META: np.array(json.dumps(meta, default=_json_default)),
+               **{f"a{i}": a for i, a in enumerate(arrays)}}
+    np.savez(buffer, **members)
     path = path_in(output_dir)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
@@ -223,7 +227,6 @@ def load(output_dir: str) -> Checkpoint:
     if meta.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"resume: {path} has format {meta.get('format')!r}, expected "
                               f"{FORMAT_VERSION}")
-    from fedbayes_flwr.algorithms import registry  # the state types live in the bundles' modules
 
     registry.bundles()
     registry.load_modules(str(meta["run_config"].get("algorithm-modules", "")))
@@ -256,7 +259,6 @@ def check_client_count(ckpt: Checkpoint, num_clients: int) -> None:
 def resume_config(ckpt: Checkpoint, output_dir: str, num_rounds: int | None = None):
     """The run config of a resumed run: the stored one, in ``output_dir``, with ``num_rounds``
     total updates when given (:class:`fedbayes_flwr.runtime.config.RunConfig`)."""
-    from fedbayes_flwr.runtime.config import parse_run_config
 
     values = {**ckpt.run_config, "output-dir": os.path.abspath(output_dir)}
     if num_rounds is not None:

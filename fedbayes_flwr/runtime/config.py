@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedbayes_flwr.algorithms import registry
+from fedbayes_flwr.data import DATASETS, PARTITIONS, is_dataset_name
 from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.models import ALL_MODELS, model_class, parse_hidden
 
 __all__ = ["ConfigError", "RunConfig", "KEYS", "parse_run_config", "parse_override_string",
            "parse_fault", "parse_faults", "straggler_ids", "section_items", "section_keys",
@@ -171,7 +173,7 @@ def parse_run_config(values: dict | None = None, base: RunConfig | None = None) 
         name = sub.replace("-", "_")
         section_changes[name] = _coerce(key if prefix else f"{bundle.name}.{sub}", value,
                                         getattr(defaults, name))  # the declared kind
-    section = dataclasses.replace(section, **section_changes)
+    section = dataclasses.replace(section, **section_changes)  # type: ignore[type-var]
     config = base.replace(**common, section=section)
     validate(config)
     if entry.preset is not None:
@@ -224,7 +226,8 @@ def parse_override_string(text: str) -> dict:
 def parse_faults(text: str) -> tuple[tuple[str, int, int], ...]:
     """``inject-fault`` = comma-separated ``KIND@ROUND:PARTITION`` specs (testing hook) ->
     ``((kind, round, partition), ...)``."""
-    return tuple(parse_fault(item) for item in text.replace(" ", "").split(",") if item)
+    faults = (parse_fault(item) for item in text.replace(" ", "").split(",") if item)
+    return tuple(f for f in faults if f is not None)  # a non-empty spec always parses
 
 
 def parse_fault(text: str) -> tuple[str, int, int] | None:
@@ -242,10 +245,15 @@ def parse_fault(text: str) -> tuple[str, int, int] | None:
     return fault
 
 
+def _one_of(names: list[str]) -> str:
+    """``a, b, c or d`` (``none`` for an empty list)."""
+    if not names:
+        return "none"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def validate(c: RunConfig) -> None:
     """Raise :class:`ConfigError` for values no run can use (data-dependent checks come later)."""
-    from fedbayes_flwr.data import DATASETS, PARTITIONS, is_dataset_name
-    from fedbayes_flwr.models import ALL_MODELS, model_class, parse_hidden
 
     def need(ok: bool, key: str, msg: str):
         if not ok:
@@ -254,9 +262,10 @@ def validate(c: RunConfig) -> None:
     need(c.model in ALL_MODELS, "model",
          f"unknown model {c.model!r}; choose one of {', '.join(ALL_MODELS)}")
     bundle = registry.get(c.algorithm).bundle
-    need(not getattr(model_class(c.model), "structured", False) or bundle.structured_models,
-         "model", f"{c.model!r} is a mean-field exponential-family model with label symmetry; "
-         f"run it with amps, naive-merge, batch-vb or local-only, not {c.algorithm!r}")
+    if getattr(model_class(c.model), "structured", False) and not bundle.structured_models:
+        able = [e.name for e in registry.entries() if e.bundle.structured_models]
+        raise ConfigError(f"model: {c.model!r} is a mean-field exponential-family model with label "
+                          f"symmetry; run it with {_one_of(able)}, not {c.algorithm!r}")
     need(bool(c.data) or is_dataset_name(c.dataset), "dataset",
          f"unknown dataset {c.dataset!r}; choose one of {', '.join(DATASETS)}, hub:<id> "
          f"(flwr-datasets, needs network) or pass --data FILE.npz")
@@ -281,9 +290,9 @@ def validate(c: RunConfig) -> None:
     need(c.partition_alpha > 0, "partition-alpha", f"must be > 0, got {c.partition_alpha}")
     need(c.partition_classes >= 1, "partition-classes", f"must be >= 1, got {c.partition_classes}")
     need(0 < c.test_fraction < 1, "test-fraction", f"must be in (0, 1), got {c.test_fraction}")
-    bad = [f"{k}@{r}:{p}" for k, r, p in parse_faults(c.inject_fault)
-           if not 0 <= p < c.num_clients or r < 1]
-    need(not bad, "inject-fault", f"{', '.join(bad)}: needs ROUND >= 1 and a PARTITION in "
+    bad_faults = [f"{k}@{r}:{p}" for k, r, p in parse_faults(c.inject_fault)
+                  if not 0 <= p < c.num_clients or r < 1]
+    need(not bad_faults, "inject-fault", f"{', '.join(bad_faults)}: needs ROUND >= 1 and a PARTITION in "
          f"0..{c.num_clients - 1}")
     try:
         parse_hidden(c.hidden_layers)

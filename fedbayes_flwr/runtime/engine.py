@@ -28,8 +28,10 @@ from typing import NamedTuple
 
 from fedbayes_flwr.algorithms.base import Rejection, Round, client_seed, failure_policy, round_seed
 from fedbayes_flwr.errors import RunStopped
+from fedbayes_flwr.runtime.checkpoint import check_client_count, check_fits, resumed
 from fedbayes_flwr.runtime.experiment import Experiment, build_experiment, payload_nbytes
 from fedbayes_flwr.runtime.faults import RAISED, InjectedFault, active_fault, client_durations, corrupt
+from fedbayes_flwr.runtime.recorder import Recorder
 from fedbayes_flwr.runtime.validation import check_message
 
 _STOP = threading.Event()
@@ -206,7 +208,6 @@ def _start(exp: Experiment, resume):
     side = _InProcess(exp)
     if resume is None:
         return exp.bundle.init_server(exp.setup), side, 0
-    from fedbayes_flwr.runtime.checkpoint import check_client_count
 
     check_client_count(resume, exp.num_clients)
     side.clients = dict(enumerate(resume.client_states))
@@ -359,8 +360,6 @@ def run_in_process(config, output_dir: str | None = None, progress: bool = True,
     stored run's directory, :func:`fedbayes_flwr.runtime.checkpoint.resumed`), continues the run it
     stores, up to ``config.num_rounds`` updates in all. Returns the ``result.json`` content.
     """
-    from fedbayes_flwr.runtime.checkpoint import check_fits, resumed
-    from fedbayes_flwr.runtime.recorder import Recorder
 
     if resume is None:
         config, resume = resumed(config)

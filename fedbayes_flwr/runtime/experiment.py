@@ -8,6 +8,7 @@ the same data. It is cached: ClientApps call it for every message.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -28,7 +29,7 @@ class Experiment(NamedTuple):
     prior: NaturalGaussian
     bundle: Bundle
     setup: Setup
-    actions: dict[str, ActionSpec]
+    actions: Mapping[str, ActionSpec]
 
     @property
     def num_clients(self) -> int:
@@ -56,6 +57,7 @@ def build_experiment(config: RunConfig) -> Experiment:
                            test_fraction=config.test_fraction, data_file=config.data,
                            synthetic_size=config.synthetic_size,
                            synthetic_dim=config.synthetic_dim, noise_scale=config.noise_scale)
+    partitions: tuple[np.ndarray, ...]
     if config.num_clients == 1:
         partitions = (np.arange(dataset.x_train.shape[0]),)
     else:
@@ -81,6 +83,9 @@ def assemble(config: RunConfig, dataset: Dataset, partitions: tuple[np.ndarray, 
     diag = bundle.prior_diag(config.section, model)
     prior = model.prior(num_features, config.prior_scale, diag)
     setup = Setup(model, prior, len(partitions), num_features, config.seed, config.section)
+    check = getattr(config.section, "validate_setup", None)  # checks that need the dimension
+    if check is not None:
+        check(setup)
     return Experiment(config, dataset, partitions, model, prior, bundle, setup,
                       bundle.actions(setup))
 

@@ -61,7 +61,7 @@ def _store(path: str, exp: Experiment, partition_id: int) -> None:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
     except BaseException:
         if os.path.exists(tmp):

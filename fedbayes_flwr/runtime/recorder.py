@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from fedbayes_flwr.runtime.checkpoint import Checkpoint, save
+
 OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed", "interrupted")
 # The files a run writes; a reused output directory loses these (and only these) at the start.
 RESULT_FILES = ("result.json", "posterior.npz", "metrics.png", "reliability.png",
@@ -39,7 +41,8 @@ class Recorder:
         self.t0 = time.perf_counter() - float(counters.get("elapsed_s", 0.0))
         self.posterior = posterior
         self._diagram = None
-        self.outcome, self.reason = "running", None
+        self.outcome: str = "running"
+        self.reason: str | None = None
         self.accepted = int(counters.get("accepted", 0))
         self.rejected = int(counters.get("rejected", 0))
         self._progress = _Progress(experiment.config.num_rounds, enabled=progress)
@@ -87,7 +90,6 @@ class Recorder:
         """Write ``checkpoint.npz`` (atomically) after the row of ``update``: the server and
         client states with this recorder's history (:mod:`fedbayes_flwr.runtime.checkpoint`); ``dead``:
         partitions the run left out (a resumed run leaves them out too)."""
-        from fedbayes_flwr.runtime.checkpoint import Checkpoint, save
 
         # the rows up to ``update`` (an asynchronous checkpoint lands after later rows)
         history = [row for row in self.history if row["round"] <= update]

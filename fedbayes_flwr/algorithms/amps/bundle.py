@@ -54,6 +54,9 @@ import numpy as np
 from fedbayes_flwr.algorithms.amps import merge as merging
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
 from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.inference.posterior import GaussianPosterior, StructuredPosterior
+from fedbayes_flwr.inference.vb.gaussian_vector import GaussianVector, to_natural
+from fedbayes_flwr.models import model_class
 from fedbayes_flwr.seeds import numpy_rng
 
 VARIANTS = ("amps", "naive-merge", "local-only")
@@ -99,7 +102,6 @@ class AMPSConfig:
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
-        from fedbayes_flwr.models import model_class
 
         def need(ok: bool, key: str, msg: str):
             if not ok:
@@ -173,7 +175,6 @@ def vb_model(setup, prior_precision: float | None = None):
     if getattr(setup.model, "structured", False):
         nu0 = prior_precision if prior_precision and prior_precision > 0 else None
         return setup.model.vb(setup.config, setup.num_features, setup.prior, nu0)
-    from fedbayes_flwr.inference.vb.gaussian_vector import GaussianVector
 
     return GaussianVector(setup.model, setup.prior)
 
@@ -288,11 +289,7 @@ def _server_step(state: ServerState, replies, setup, rnd):
 
 def _posterior(state: ServerState, setup):
     if getattr(setup.model, "structured", False):
-        from fedbayes_flwr.inference.posterior import StructuredPosterior
-
         return StructuredPosterior(state.posterior, vb_model(setup, state.prior_precision))
-    from fedbayes_flwr.inference.posterior import GaussianPosterior
-    from fedbayes_flwr.inference.vb.gaussian_vector import to_natural
 
     return GaussianPosterior(to_natural(state.posterior))
 

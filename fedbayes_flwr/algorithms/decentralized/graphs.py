@@ -1,4 +1,4 @@
-"""Communication graphs and gossip mixing matrices for decentralized algorithms.
+"""Communication graphs for decentralized algorithms (their mixing: :mod:`.mixing`).
 
 Pure numpy/scipy. Agents ``0 .. m-1`` sit on an undirected, connected, loop-free graph stored
 as a boolean ``(m, m)`` adjacency matrix (:class:`Graph`); one gossip round replaces every
@@ -9,9 +9,7 @@ or ``i ~ j``).
 * Graph constructors: :func:`ring`, :func:`path`, :func:`torus`, :func:`erdos_renyi`,
   :func:`complete` and :func:`from_adjacency` (a user matrix, validated); :func:`make_graph`
   parses the string key of the run config (``dhmc.graph``, syntax below).
-* :func:`metropolis_weights` (the Metropolis-Hastings mixing matrix), :func:`spectral_gap`
-  (``1 - `` the second-largest eigenvalue modulus) and :func:`mix` (``W^rounds`` applied to the
-  stacked agent values).
+* The mixing matrices over a graph are in :mod:`fedbayes_flwr.algorithms.decentralized.mixing`.
 * :func:`is_connected`.
 
 Every graph that leaves this module has been validated: square, binary, symmetric, zero diagonal
@@ -73,16 +71,10 @@ __all__ = [
     "from_adjacency",
     "is_connected",
     "make_graph",
-    "metropolis_weights",
-    "mix",
     "path",
     "ring",
-    "spectral_gap",
     "torus",
 ]
-
-#: Absolute tolerance for the symmetry and stochasticity checks of a mixing matrix.
-MIXING_ATOL = 1e-9
 
 
 class Graph(NamedTuple):
@@ -123,7 +115,7 @@ class Graph(NamedTuple):
 # Validation
 # --------------------------------------------------------------------------------------------
 
-def _check_count(value, what: str, minimum: int = 1) -> int:
+def check_count(value, what: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{what} must be an integer, got {value!r}")
     if value < minimum:
@@ -131,7 +123,7 @@ def _check_count(value, what: str, minimum: int = 1) -> int:
     return int(value)
 
 
-def _as_adjacency(matrix) -> np.ndarray:
+def as_adjacency(matrix) -> np.ndarray:
     """Validate a 0/1 adjacency matrix and return it as a read-only bool array (copy)."""
     try:
         arr = np.asarray(matrix)
@@ -222,12 +214,12 @@ def from_adjacency(matrix, name: str = "adjacency") -> Graph:
         has a nonzero diagonal (self-loop) or describes a disconnected graph; the message names
         the offending entry or agents.
     """
-    return Graph(_as_adjacency(matrix), name)
+    return Graph(as_adjacency(matrix), name)
 
 
 def path(m: int) -> Graph:
     """Path (line) graph ``0 - 1 - ... - (m-1)``, ``m >= 1``: end degrees 1, inner degrees 2."""
-    m = _check_count(m, "path size m")
+    m = check_count(m, "path size m")
     adj = np.zeros((m, m), dtype=bool)
     idx = np.arange(m - 1)
     adj[idx, idx + 1] = adj[idx + 1, idx] = True
@@ -240,7 +232,7 @@ def ring(m: int) -> Graph:
     For ``m <= 2`` the cycle would repeat the edge ``0 - 1`` (or be a self-loop), so the path on
     ``m`` agents is returned (named ``"path"``).
     """
-    m = _check_count(m, "ring size m")
+    m = check_count(m, "ring size m")
     if m <= 2:
         return path(m)
     adj = np.zeros((m, m), dtype=bool)
@@ -258,8 +250,8 @@ def torus(rows: int, cols: int) -> Graph:
     of length 1 none (no self-loop). ``1 x n`` is thus the ring on ``n`` agents, ``2 x 2`` the
     4-cycle.
     """
-    rows = _check_count(rows, "torus rows")
-    cols = _check_count(cols, "torus cols")
+    rows = check_count(rows, "torus rows")
+    cols = check_count(cols, "torus cols")
     adj = np.zeros((rows * cols, rows * cols), dtype=bool)
     r, c = np.divmod(np.arange(rows * cols), cols)
     for dr, dc in ((1, 0), (0, 1)):
@@ -272,7 +264,7 @@ def torus(rows: int, cols: int) -> Graph:
 
 def complete(m: int) -> Graph:
     """Complete graph on ``m >= 1`` agents: every degree ``m - 1``."""
-    m = _check_count(m, "complete graph size m")
+    m = check_count(m, "complete graph size m")
     adj = ~np.eye(m, dtype=bool)
     return from_adjacency(adj, "complete")
 
@@ -301,7 +293,7 @@ def erdos_renyi(m: int, p: float, seed: int) -> Graph:
         If ``p`` is outside ``[0, 1]``, or the drawn graph is disconnected (the message names
         ``m``, ``p`` and ``seed`` and suggests a larger ``p`` or another seed).
     """
-    m = _check_count(m, "Erdos-Renyi size m")
+    m = check_count(m, "Erdos-Renyi size m")
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"Erdos-Renyi edge probability p must be a number in [0, 1], got {p!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
@@ -375,7 +367,7 @@ def make_graph(spec: str, m: int, seed: int = 0) -> Graph:
     """
     if not isinstance(spec, str):
         raise ValueError(f"graph spec must be a string ({_SYNTAX}), got {spec!r}")
-    m = _check_count(m, "number of agents m")
+    m = check_count(m, "number of agents m")
     text = spec.strip()
     if text.startswith("["):
         try:
@@ -443,51 +435,6 @@ def induced(graph: Graph, keep) -> Graph:
     return Graph(sub.copy(), f"{graph.name} without {sorted(set(range(graph.size)) - set(keep))}")
 
 
-def parse_schedule(text: str) -> tuple[tuple[int, int], ...]:
-    """A mixing-round schedule ``"R1:T1,R2:T2,...,RL"``: ``R1`` rounds per phase for iterations
-    ``t <= T1``, ``R2`` for ``T1 < t <= T2``, ..., ``RL`` afterwards (the last value caps it).
-    Returns ``((T1, R1), ..., (inf, RL))`` as ints (``-1`` standing for infinity). The reference
-    code's milestones 2000, 3000, 4000 with 1, 2, 3 rounds are ``"1:2000,2:3000,3"``.
-
-    Raises
-    ------
-    ValueError
-        For a malformed entry, rounds below 1, milestones not increasing, or a last entry with a
-        milestone.
-    """
-    entries = [e.strip() for e in str(text).split(",") if e.strip()]
-    if not entries:
-        raise ValueError("empty mixing schedule")
-    out, last = [], -1
-    for i, entry in enumerate(entries):
-        rounds, sep, until = entry.partition(":")
-        final = i == len(entries) - 1
-        if final and sep:
-            raise ValueError(f"the last entry {entry!r} must be rounds only (it holds from its "
-                             f"milestone on), e.g. \"1:2000,5:3000,10\"")
-        if not final and not sep:
-            raise ValueError(f"entry {entry!r} needs a milestone, ROUNDS:ITERATION")
-        try:
-            r, t = int(rounds), (int(until) if sep else -1)
-        except ValueError:
-            raise ValueError(f"entry {entry!r} is not ROUNDS:ITERATION with integers") from None
-        if r < 1:
-            raise ValueError(f"entry {entry!r}: rounds must be >= 1")
-        if sep and t <= last:
-            raise ValueError(f"entry {entry!r}: milestones must increase")
-        last = t if sep else last
-        out.append((t, r))
-    return tuple(out)
-
-
-def scheduled_rounds(schedule: tuple[tuple[int, int], ...], iteration: int) -> int:
-    """The rounds per phase at ``iteration`` under a :func:`parse_schedule` schedule."""
-    for until, rounds in schedule:
-        if until < 0 or iteration <= until:
-            return rounds
-    return schedule[-1][1]
-
-
 def _sized(graph: Graph, m: int, spec: str) -> Graph:
     if graph.size != m:
         raise ValueError(f"graph spec {spec!r} gives an adjacency for {graph.size} agents but "
@@ -499,116 +446,4 @@ def _sized(graph: Graph, m: int, spec: str) -> Graph:
 # Mixing
 # --------------------------------------------------------------------------------------------
 
-def metropolis_weights(graph: Graph | np.ndarray) -> np.ndarray:
-    """Metropolis-Hastings mixing matrix of a connected graph.
 
-    ``W_ij = 1 / (1 + max(d_i, d_j))`` for neighbours ``i ~ j`` (``d`` the degrees),
-    ``W_ij = 0`` for non-neighbours and ``W_ii = 1 - sum_{j != i} W_ij``.
-
-    Parameters
-    ----------
-    graph : Graph or array_like, shape (m, m)
-        A graph, or an adjacency matrix; either is validated as in :func:`from_adjacency`.
-
-    Returns
-    -------
-    W : ndarray of float64, shape (m, m)
-        Exactly symmetric, nonnegative, rows and columns summing to 1 (doubly stochastic), one-hop,
-        with ``W_ii >= 1 / (1 + d_i) > 0``; hence, the graph being connected, the eigenvalue 1 is
-        simple and every other eigenvalue lies in ``(-1, 1)`` (:func:`spectral_gap` ``> 0``).
-
-    References
-    ----------
-    Xiao & Boyd (2004), "Fast linear iterations for distributed averaging" (Metropolis-Hastings
-    weights).
-    """
-    adj = _as_adjacency(graph.adjacency if isinstance(graph, Graph) else graph)
-    deg = adj.sum(axis=1).astype(np.float64)
-    w = np.where(adj, 1.0 / (1.0 + np.maximum.outer(deg, deg)), 0.0)
-    np.fill_diagonal(w, 1.0 - w.sum(axis=1))
-    return w
-
-
-def _check_mixing(w) -> np.ndarray:
-    arr = np.asarray(w, dtype=np.float64)
-    if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] == 0:
-        raise ValueError(f"mixing matrix must be a non-empty square (m, m) array, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("mixing matrix has non-finite entries")
-    if not np.allclose(arr, arr.T, rtol=0.0, atol=MIXING_ATOL):
-        raise ValueError("mixing matrix must be symmetric")
-    if not np.allclose(arr.sum(axis=1), 1.0, rtol=0.0, atol=MIXING_ATOL):
-        raise ValueError("mixing matrix rows must sum to 1 (doubly stochastic)")
-    return arr
-
-
-def spectral_gap(w) -> float:
-    """Spectral gap ``1 - max_{k >= 2} |lambda_k|`` of a symmetric doubly stochastic matrix.
-
-    ``lambda_1 = 1`` (eigenvector the all-ones vector) is left out and the largest modulus of the
-    remaining eigenvalues (the second-largest eigenvalue modulus, SLEM) subtracted from 1. The gap
-    is positive iff ``W^k`` converges to the averaging matrix ``11^T / m``, and then
-    ``||W^k x - mean(x) 1|| <= (1 - gap)^k ||x - mean(x) 1||``.
-
-    Parameters
-    ----------
-    w : array_like, shape (m, m)
-        Symmetric, rows summing to 1 (checked to ``MIXING_ATOL``).
-
-    Returns
-    -------
-    float
-        The gap, in ``[0, 1]`` for a nonnegative ``W`` (may be slightly negative for a signed
-        ``W`` that does not converge); ``1.0`` for a single agent.
-    """
-    arr = _check_mixing(w)
-    if arr.shape[0] == 1:
-        return 1.0
-    eig = np.linalg.eigvalsh(0.5 * (arr + arr.T))  # ascending; eig[-1] is the eigenvalue 1
-    slem = max(abs(eig[0]), abs(eig[-2]))
-    return float(1.0 - slem)
-
-
-def rounds_for(w, tolerance: float = 0.01, cap: int = 100) -> int:
-    """Mixing rounds ``s`` after which ``W^s`` keeps at most ``tolerance`` of any disagreement
-    between agents: the least ``s >= 1`` with ``(1 - gap)^s <= tolerance`` (see
-    :func:`spectral_gap`), capped at ``cap``. A complete graph (``W = 11^T / m``) needs 1; a ring
-    of 5 needs 8; a ring of 8, 22; a path of 5, 35.
-    """
-    slem = 1.0 - spectral_gap(w)
-    if slem <= tolerance:
-        return 1
-    return int(min(cap, max(1, math.ceil(math.log(tolerance) / math.log(slem)))))
-
-
-def mix(w, values, rounds: int = 1) -> np.ndarray:
-    """``rounds`` gossip rounds: ``W^rounds`` applied along the agent axis of stacked values.
-
-    Agent ``i`` ends with ``sum_j (W^rounds)_ij values[j]``.
-
-    Parameters
-    ----------
-    w : array_like, shape (m, m)
-        Mixing matrix (e.g. :func:`metropolis_weights`); only its shape is checked here.
-    values : array_like, shape (m, ...)
-        One value (scalar or array) per agent, stacked along the first axis.
-    rounds : int, optional
-        Number of rounds, ``>= 0`` (0 returns a copy of ``values``).
-
-    Returns
-    -------
-    ndarray, shape (m, ...)
-        Same dtype as ``values`` if that is floating, float64 otherwise.
-    """
-    arr_w = np.asarray(w, dtype=np.float64)
-    vals = np.asarray(values)
-    if arr_w.ndim != 2 or arr_w.shape[0] != arr_w.shape[1]:
-        raise ValueError(f"mixing matrix must be square (m, m), got shape {arr_w.shape}")
-    if vals.ndim < 1 or vals.shape[0] != arr_w.shape[0]:
-        raise ValueError(f"values must stack one entry per agent along axis 0: expected "
-                         f"{arr_w.shape[0]} agents, got shape {vals.shape}")
-    rounds = _check_count(rounds, "rounds", minimum=0)
-    dtype = vals.dtype if np.issubdtype(vals.dtype, np.floating) else np.float64
-    power = np.linalg.matrix_power(arr_w, rounds)
-    out = np.tensordot(power, vals.astype(np.float64, copy=False), axes=(1, 0))
-    return out.astype(dtype, copy=False)

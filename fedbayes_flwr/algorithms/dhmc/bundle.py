@@ -68,11 +68,20 @@ from typing import NamedTuple
 import numpy as np
 
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo, auto_or_number
-from fedbayes_flwr.algorithms.decentralized.graphs import parse_schedule, scheduled_rounds
+from fedbayes_flwr.algorithms.decentralized.graphs import induced, make_graph
+from fedbayes_flwr.algorithms.decentralized.mixing import (
+    metropolis_weights,
+    parse_schedule,
+    rounds_for,
+    scheduled_rounds,
+)
 from fedbayes_flwr.algorithms.decentralized.routing import padded_inboxes
 from fedbayes_flwr.algorithms.dhmc import agents as H
 from fedbayes_flwr.errors import ConfigError, RunStopped
 from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import SamplePosterior, TracePosterior
+from fedbayes_flwr.inference.potentials import cached, from_natural
+from fedbayes_flwr.models import make_model, model_class
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 STEP = "train"
@@ -112,7 +121,7 @@ class DHMCConfig:
     mixing_rounds : int or "auto"
         ``s``: gossip rounds per phase. ``auto`` (default): the least ``s`` with
         ``(1 - gap)^s <= 0.01`` for the graph's spectral gap, i.e. ``W^s`` keeps at most 1% of a
-        disagreement between agents (:func:`fedbayes_flwr.algorithms.decentralized.graphs.rounds_for`: 1
+        disagreement between agents (:func:`fedbayes_flwr.algorithms.decentralized.mixing.rounds_for`: 1
         on a complete
         graph, 8 on a ring of 5, 22 on a ring of 8, 34 on a path of 5). A fixed 10 left the
         agents' energy changes 26% apart on a path of 5 with digit-split data, and agreed
@@ -145,7 +154,7 @@ class DHMCConfig:
     mixing_schedule : str
         Empty (default: ``mixing-rounds`` throughout) or a capped schedule of rounds per phase
         by iteration (warm-up included), ``"R1:T1,R2:T2,...,RL"``
-        (:func:`fedbayes_flwr.algorithms.decentralized.graphs.parse_schedule`); the reference code's 1,
+        (:func:`fedbayes_flwr.algorithms.decentralized.mixing.parse_schedule`); the reference code's 1,
         5, 10 rounds at
         milestones are e.g. ``"1:100,5:200,10"``.
     on_dropout : str
@@ -177,8 +186,6 @@ class DHMCConfig:
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
-        from fedbayes_flwr.algorithms.decentralized.graphs import make_graph
-        from fedbayes_flwr.models import make_model, model_class
 
         def need(ok: bool, key: str, msg: str):
             if not ok:
@@ -223,7 +230,7 @@ class DHMCConfig:
         if getattr(model_class(run.model), "structured", False):
             return
         model = make_model(run.model, run.noise_scale)
-        if not model.has_hmc_potential():
+        if not model.has_gradient_potential():
             raise ConfigError(f"model: decentralized HMC needs the model's numpy potential; "
                               f"{run.model!r} has none (gaussian-mean, linear-regression, "
                               f"logistic-regression, ar1-student-t, bnn-classifier do)")
@@ -252,12 +259,6 @@ def topology(setup, alive=None) -> Topology:
 def _topology(spec: str, num_agents: int, seed: int, keep: tuple | None = None) -> Topology:
     from scipy.sparse.csgraph import shortest_path
 
-    from fedbayes_flwr.algorithms.decentralized.graphs import (
-        induced,
-        make_graph,
-        metropolis_weights,
-        rounds_for,
-    )
 
     graph = make_graph(spec, num_agents, seed)
     width = max(1, int(graph.degrees.max()))  # the templates' width, kept when agents drop
@@ -280,7 +281,7 @@ def _topology(spec: str, num_agents: int, seed: int, keep: tuple | None = None) 
 def mixing_rounds(config: DHMCConfig, iteration: int, topo: Topology) -> int:
     """Rounds per mixing phase at ``iteration``: ``mixing-schedule`` if set, else
     ``mixing-rounds``; ``auto`` = the rounds after which the (remaining) graph's ``W^s`` keeps at
-    most 1% of a disagreement (:func:`fedbayes_flwr.algorithms.decentralized.graphs.rounds_for`)."""
+    most 1% of a disagreement (:func:`fedbayes_flwr.algorithms.decentralized.mixing.rounds_for`)."""
     if config.mixing_schedule:
         return scheduled_rounds(parse_schedule(config.mixing_schedule), iteration)
     return topo.auto_rounds if config.mixing_rounds == AUTO else config.mixing_rounds
@@ -368,12 +369,11 @@ def _dims(setup) -> tuple[int, int, int]:
 def local_potential(setup, data, agents: int | None = None):
     """``U_i``: the agent's likelihood potential plus ``1/m`` of the prior's, ``m`` = ``agents``
     taking part (default: all; cached by the rows' content)."""
-    from fedbayes_flwr.inference.potentials import cached, from_natural
 
     agents = agents or setup.num_clients
 
     def build():
-        return H.LocalPotential(setup.model.hmc_potential(data.x, data.y),
+        return H.LocalPotential(setup.model.gradient_potential(data.x, data.y),
                                 from_natural(setup.prior, dense=False), agents)
     return cached(("dhmc", id(setup.model), agents, setup.prior.dim), data, build)
 
@@ -716,8 +716,6 @@ def _metrics(state: ServerState, setup) -> dict:
 
 
 def _posterior(state: ServerState, setup):
-    from fedbayes_flwr.inference.posterior import TracePosterior
-
     samples = agent_samples(state, setup)
     return TracePosterior(pooled_samples(state, setup),
                           extras={"agent_samples": samples,
@@ -732,7 +730,6 @@ def _done(state: ServerState, setup) -> bool:
         return len(state.kept) >= c.iterations
     if len(state.kept) < 20:  # the wall-clock cap is the run's max-seconds (preset): time-limit
         return False
-    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     return bool(np.min(SamplePosterior(pooled_samples(state, setup)).ess()) >= c.target_ess)
 

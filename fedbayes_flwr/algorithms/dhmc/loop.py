@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr.algorithms.decentralized.graphs import parse_schedule, scheduled_rounds
+from fedbayes_flwr.algorithms.decentralized.mixing import parse_schedule, scheduled_rounds
 from fedbayes_flwr.algorithms.dhmc import agents as dhmc
 
 
@@ -49,7 +49,7 @@ def simulate(potentials: list, mixing: np.ndarray, w0: np.ndarray, epsilon: floa
              warmup_metropolis: bool = True) -> Run:
     """Run ``warmup + iterations`` iterations from ``w0 (K, d)`` (module docstring); ``rounds``
     is a number of mixing rounds per phase or a schedule
-    (:func:`fedbayes_flwr.algorithms.decentralized.graphs.parse_schedule`)."""
+    (:func:`fedbayes_flwr.algorithms.decentralized.mixing.parse_schedule`)."""
     m = len(potentials)
     k, d = w0.shape
     schedule = parse_schedule(rounds) if isinstance(rounds, str) else ((-1, int(rounds)),)

@@ -86,18 +86,24 @@ import numpy as np
 
 from fedbayes_flwr.algorithms import commit
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from fedbayes_flwr.algorithms.dsvgd.svgd import KDE, kde_score, log_ratio_score, ratio_kdes, svgd
-from fedbayes_flwr.algorithms.particles import minibatch_grad, prior_draws, prior_score, project
+from fedbayes_flwr.algorithms.dsvgd.svgd import svgd
+from fedbayes_flwr.algorithms.particles import (
+    AUTO_PARTICLES,
+    minibatch_grad,
+    model_family,
+    prior_draws,
+    prior_score,
+    project,
+)
 from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.inference.kde import KDE, kde_score, log_ratio_score, ratio_kdes
+from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 VARIANTS = ("dsvgd", "u-dsvgd", "svgd")
 SCHEDULES = ("round-robin", "random")
 TRAIN = "train"
 
-#: Default particle numbers of the reference code per model family (``num-particles = 0``);
-#: linear models take 20, not the reference's 6 (see :class:`DSVGDConfig`).
-AUTO_PARTICLES = {"mixture-1d": 200, "bnn": 20, "other": 20}
 #: (learning rate, AdaGrad eps) of the reference code: BNNs, everything else.
 AUTO_STEP = {"bnn": (1e-3, 1e-6), "other": (0.05, 1e-9)}
 #: ``learning-rate = auto`` for non-BNN models: this fraction of the starting particles' spread.
@@ -234,15 +240,6 @@ class Up(NamedTuple):
 
     particles: np.ndarray
     request_round: int
-
-
-# ---------------------------------------------------------------------------- settings by model
-def model_family(model) -> str:
-    """``mixture-1d``, ``bnn`` or ``other``: the model families whose defaults differ."""
-    name = getattr(model, "name", "")
-    if name == "mixture-1d":
-        return "mixture-1d"
-    return "bnn" if name.startswith("bnn-") else "other"
 
 
 def num_particles(setup) -> int:
@@ -431,8 +428,6 @@ def _server_step(state: ServerState, replies, setup, rnd):
 
 
 def _posterior(state: ServerState, setup):
-    from fedbayes_flwr.inference.posterior import SamplePosterior
-
     return SamplePosterior(state.particles)
 
 

@@ -1,7 +1,7 @@
 """Fed-PDMC: federated Zig-Zag and bouncy particle samplers as one bundle (seed 003).
 
 Notation: ``U = U_0 + sum_m U_m`` with ``U_m`` worker ``m``'s negative log-likelihood
-(:meth:`fedbayes_flwr.models.Model.pdmp_potential`) and ``U_0`` the prior's (the model's
+(:meth:`fedbayes_flwr.models.Model.bounded_potential`) and ``U_0`` the prior's (the model's
 Gaussian prior, or flat with ``pdmc.flat-prior``), held by the server as worker 0. ``K`` =
 ``pdmc.num-chains`` independent chains travel together.
 
@@ -47,10 +47,14 @@ from typing import NamedTuple
 import numpy as np
 
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.pdmc import privacy
 from fedbayes_flwr.algorithms.pdmc import sampler as S
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.posterior import SamplePosterior, TracePosterior
 from fedbayes_flwr.inference.potentials import Quadratic, cached, from_natural
+from fedbayes_flwr.inference.sensitivity import clip_features
+from fedbayes_flwr.models import Model, make_model, model_class
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 TRAIN = "train"
@@ -112,7 +116,6 @@ class PDMCConfig:
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
-        from fedbayes_flwr.models import Model, make_model, model_class
 
         def need(ok: bool, key: str, msg: str):
             if not ok:
@@ -136,20 +139,22 @@ class PDMCConfig:
         if getattr(model_class(run.model), "structured", False):
             return  # the generic check names the right family
         model = make_model(run.model, run.noise_scale)
-        if type(model).pdmp_potential is Model.pdmp_potential:
+        if type(model).bounded_potential is Model.bounded_potential:
             raise ConfigError(f"model: PDMC needs rate bounds for the model's likelihood; "
                               f"{run.model!r} has none (gaussian-mean, logistic-regression, "
                               f"ar1-student-t do)")
         if self.dp_epsilon > 0:
-            from fedbayes_flwr.algorithms.pdmc import privacy
-
             try:
                 privacy.check_sampler(self.sampler)
-                if run.data:  # the dimension comes from the user's file: checked at build time
-                    return
-                from fedbayes_flwr.runtime.experiment import build_experiment
+            except ValueError as err:
+                raise ConfigError(f"pdmc.dp-epsilon: {err}") from None
 
-                dp_rho(self, model, build_experiment(run.replace(section=self)).prior.dim)
+    def validate_setup(self, setup) -> None:
+        """The checks that need the parameter dimension (the experiment hands it in once the data
+        are loaded): a privacy target the refreshment can reach with this model and dimension."""
+        if self.dp_epsilon > 0:
+            try:
+                dp_rho(self, setup.model, setup.prior.dim)
             except (ValueError, NotImplementedError) as err:
                 raise ConfigError(f"pdmc.dp-epsilon: {err}") from None
 
@@ -209,23 +214,21 @@ def prior_potential(setup) -> Quadratic:
 def dp_rho(config: PDMCConfig, model, param_dim: int) -> float:
     """The per-coordinate rate ``rho`` every worker adds for ``dp-epsilon`` (0 when off).
 
-    Raises ``ValueError`` (e.g. :class:`fedbayes_flwr.algorithms.pdmc.privacy.UnboundedSensitivityError`)
+    Raises ``ValueError`` (e.g. :class:`fedbayes_flwr.inference.sensitivity.UnboundedSensitivityError`)
     when the model's sensitivity is unbounded or the target cannot be reached."""
     if config.dp_epsilon <= 0:
         return 0.0
-    from fedbayes_flwr.algorithms.pdmc import privacy
 
-    sensitivity = model.pdmp_sensitivity(config.dp_feature_clip, param_dim)
+    sensitivity = model.rate_sensitivity(config.dp_feature_clip, param_dim)
     return float(privacy.refresh_for_epsilon(config.dp_epsilon, sensitivity, dim=None,
                                              horizon=config.max_horizon, delta=config.dp_delta))
 
 
 def dp_report(config: PDMCConfig, model, param_dim: int, releases: int) -> dict:
     """``dp_rho``, the per-release guarantee and its basic composition over ``releases``."""
-    from fedbayes_flwr.algorithms.pdmc import privacy
 
     rho = dp_rho(config, model, param_dim)
-    sensitivity = model.pdmp_sensitivity(config.dp_feature_clip, param_dim)
+    sensitivity = model.rate_sensitivity(config.dp_feature_clip, param_dim)
     one = privacy.privacy_of(rho, sensitivity, dim=None, horizon=config.max_horizon,
                              delta=config.dp_delta)
     total = privacy.compose(one.epsilon, releases, per_event_delta=one.delta)
@@ -237,14 +240,13 @@ def dp_report(config: PDMCConfig, model, param_dim: int, releases: int) -> dict:
 def worker_potential(model, data):
     """``U_m`` of a worker's rows, cached by the rows' content (built once per worker, not once
     per event)."""
-    return cached(("pdmc", id(model)), data, lambda: model.pdmp_potential(data.x, data.y))
+    return cached(("pdmc", id(model)), data, lambda: model.bounded_potential(data.x, data.y))
 
 
 def _dp_data(data, config: PDMCConfig):
     """With DP on, the rows clipped to the public feature bound (the sensitivity assumes it)."""
     if config.dp_epsilon <= 0:
         return data
-    from fedbayes_flwr.algorithms.pdmc.privacy import clip_features
 
     return data._replace(x=clip_features(data.x, config.dp_feature_clip))
 
@@ -368,8 +370,6 @@ def _diagnostics(state: ServerState, setup) -> dict:
 
 
 def _posterior(state: ServerState, setup):
-    from fedbayes_flwr.inference.posterior import TracePosterior
-
     return TracePosterior(kept_chains(state, setup), extras={
         "skeleton_chain": state.skeleton_chain, "skeleton_time": state.skeleton_time,
         "skeleton_x": state.skeleton_x, "skeleton_v": state.skeleton_v},
@@ -385,7 +385,6 @@ def _done(state: ServerState, setup) -> bool:
     chains = kept_chains(state, setup)
     if chains.shape[1] < 20:
         return False
-    from fedbayes_flwr.inference.posterior import SamplePosterior
 
     return bool(np.min(SamplePosterior(chains).ess()) >= c.target_ess)
 

@@ -63,9 +63,11 @@ from fedbayes_flwr.algorithms import commit
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo, auto_or_number
 from fedbayes_flwr.algorithms.commit import NO_ROUND, Pending
 from fedbayes_flwr.algorithms.pvi import step as S
+from fedbayes_flwr.algorithms.pvi.tempered import tempered
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.inference.posterior import GaussianPosterior
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 if TYPE_CHECKING:
@@ -570,8 +572,6 @@ def undamped_change(seed, message: StepMessage, model, x, y, config: PVIConfig,
     cavity = cavity_for(config, message.posterior, factor, prior, num_clients)
     beta = float(message.proximal)
     if beta > 0:
-        from fedbayes_flwr.algorithms.pvi.tempered import tempered
-
         power = 1.0 / (1.0 + beta)
         target = G.scale(G.add(cavity, G.scale(message.posterior, beta)), power)
         q_new = local_optimum(seed, tempered(model, power), x, y, target, message.posterior,
@@ -587,7 +587,6 @@ def undamped_change(seed, message: StepMessage, model, x, y, config: PVIConfig,
 
 def candidate_terms(message: CandidateMessage, model, x, y) -> CandidateReply:
     """``E_q[log p(y_k | theta)]`` at every candidate ``q`` of a step search."""
-    from fedbayes_flwr.inference.posterior import GaussianPosterior
 
     terms = [model.expected_log_likelihood(
         GaussianPosterior(G.make(message.eta1[j], message.eta2[j])), x, y)
@@ -894,7 +893,6 @@ def free_energy_term(state: ClientState, posterior: NaturalGaussian, accepted_ro
     (Ashman et al. 2022, Section 2.2 and B.2: the sum of local free energies is the global free
     energy). The client computes its bracket; the server adds the log-normaliser difference.
     """
-    from fedbayes_flwr.inference.posterior import GaussianPosterior
 
     state = sync_client(state, accepted_round)
     term = model.expected_log_likelihood(GaussianPosterior(posterior), x, y)
@@ -1013,8 +1011,6 @@ def _server_step(state: ServerState, replies, setup, rnd):
 
 
 def _posterior(state: ServerState, setup):
-    from fedbayes_flwr.inference.posterior import GaussianPosterior
-
     return GaussianPosterior(state.posterior)
 
 
