@@ -21,21 +21,15 @@ import time
 import tomllib
 from pathlib import Path
 
-from fedbayes_flwr.deploy.flwr_cli import STARTUP_TIMEOUT_S
 from fedbayes_flwr.deploy.processes import executable
 from fedbayes_flwr.deploy.tls import NodeKey
 from fedbayes_flwr.errors import DeploymentError
 
 CONNECTION = "fedbayes-deployment"  # the SuperLink connection name in the private FLWR_HOME
-
-
 APP_PACKAGES = ("fedbayes_flwr", "strategies", "clients")
-
-
 ROOT = Path(__file__).resolve().parents[2]  # the app's root (pyproject.toml)
-
-
 CLI_TIMEOUT_S = 120.0
+STARTUP_TIMEOUT_S = 60.0
 
 
 def flwr_env(flwr_home: Path) -> dict[str, str]:
@@ -179,4 +173,3 @@ def copy_app(dest: Path, run_config: dict) -> Path:
     return dest
 
 
-STARTUP_TIMEOUT_S = 60.0

@@ -27,8 +27,6 @@ import numpy as np
 #: Standard deviation :func:`kde_bandwidth` returns with ``rule="auto"`` when the particles have no
 #: spread (``N = 1``, or every particle equal).
 DEGENERATE_KDE_BANDWIDTH = 1.0
-
-
 #: The KDE bandwidth (an absolute standard deviation) of the paper's experiments (Section 7).
 PAPER_KDE_BANDWIDTH = 0.55
 

@@ -29,8 +29,6 @@ from fedbayes_flwr.models.base import Model, Prediction
 
 #: Support ``[-6, 6]`` of the uniform prior of the 1-D mixture toy (Kassab & Simeone 2022, Sec. 7.1).
 MIXTURE_1D_SUPPORT = (-6.0, 6.0)
-
-
 #: Number of points of the quadrature grid over :data:`MIXTURE_1D_SUPPORT` (spacing 0.003).
 MIXTURE_1D_GRID_POINTS = 4001
 

@@ -41,8 +41,6 @@ from fedbayes_flwr.inference.kde import as_particles, positive
 #: Bandwidth :func:`rbf_bandwidth` returns when the median heuristic is undefined (``N = 1``) or
 #: zero (all particles coincide, or more than half of the pairs do).
 DEGENERATE_RBF_BANDWIDTH = 1.0
-
-
 #: Momentum of the AdaGrad second-moment average (``betta`` in the reference code).
 ADAGRAD_BETA = 0.9
 
