@@ -15,13 +15,13 @@ with three different local-solve seeds and measures
 
 A delta that seeds agree on (cosine near 1) and along which the free energy falls from ``s = 0``
 is a consistent descent direction, not Monte-Carlo noise: a monotone rule stops there for good,
-which is why ``pvi.nonmonotone`` exists (:func:`fedbayes_flwr.algorithms.pvi.bundle.nonmonotone_index`).
+which is why ``pvi.nonmonotone`` exists (:func:`fedbayes_flwr.algorithms.pvi.server.nonmonotone_index`).
 
 It then measures the same profile along the combined delta of *proximal* local solves
 (``pvi.proximal``, weights ``beta`` in :data:`BETAS`, the first seed's local-solve seeds): the
 clients' changes of infinitesimal local steps add up to the global natural gradient, those of
 full local solves need not, and a KL-proximal term pulls each change toward its local natural
-gradient (:func:`fedbayes_flwr.algorithms.pvi.bundle.undamped_change`). If the free energy rises along
+gradient (:func:`fedbayes_flwr.algorithms.pvi.client.undamped_change`). If the free energy rises along
 the proximal deltas where it falls along the plain one, ``proximal = auto`` (switched on by the
 first stalled round) is what un-stalls the run.
 
@@ -41,7 +41,9 @@ import tensorflow as tf
 from pvi_damping import BNN
 
 from fedbayes_flwr.algorithms.base import client_seed
-from fedbayes_flwr.algorithms.pvi import bundle as pvi
+from fedbayes_flwr.algorithms.pvi import client as pvi_client
+from fedbayes_flwr.algorithms.pvi import messages as pvi_messages
+from fedbayes_flwr.algorithms.pvi import server as pvi_server
 from fedbayes_flwr.algorithms.pvi import step as S
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import GaussianPosterior
@@ -65,9 +67,9 @@ def combined_deltas(exp, state, number: int, beta: float = 0.0) -> G.NaturalGaus
     out = []
     for pid in range(exp.num_clients):
         d = exp.client_data(pid)
-        msg = pvi.StepMessage(state.posterior, pvi.factor_of(state, pid), number, beta)
+        msg = pvi_messages.StepMessage(state.posterior, pvi_server.factor_of(state, pid), number, beta)
         seed = client_seed(exp.config.seed, "pvi", "step", number, pid, 0)
-        out.append(pvi.undamped_change(seed, msg, exp.model, d.x, d.y, exp.setup.config,
+        out.append(pvi_client.undamped_change(seed, msg, exp.model, d.x, d.y, exp.setup.config,
                                        exp.prior, exp.num_clients).delta)
     return G.NaturalGaussian(np.stack([d.eta1 for d in out]), np.stack([d.eta2 for d in out]))
 
@@ -99,7 +101,7 @@ def main() -> int:
     mean0, var0 = G.to_moments(state.posterior)
 
     def at(delta, s):
-        return pvi._combined(state._replace(deltas=delta, received=np.ones(exp.num_clients,
+        return pvi_server._combined(state._replace(deltas=delta, received=np.ones(exp.num_clients,
                                                                             bool)), s)
 
     def change(delta, s=1 / 64):  # per unit step, in posterior sd / log-variance

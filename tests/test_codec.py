@@ -5,7 +5,9 @@ import pytest
 from flwr.app import Array, ConfigRecord
 
 from fedbayes_flwr import codec
-from fedbayes_flwr.algorithms.pvi import bundle as pvi
+from fedbayes_flwr.algorithms.pvi import client as pvi_client
+from fedbayes_flwr.algorithms.pvi import messages as pvi_messages
+from fedbayes_flwr.algorithms.pvi import server as pvi_server
 from fedbayes_flwr.inference import gaussian as G
 
 KIND_TRAIN, KIND_REPLY, KIND_STATE = "pvi.train", "pvi.train.reply", "pvi.client-state"
@@ -13,8 +15,8 @@ KIND_TRAIN, KIND_REPLY, KIND_STATE = "pvi.train", "pvi.train.reply", "pvi.client
 
 def _request(diag=False):
     prior = G.from_moments(np.arange(3.0), np.ones(3) if diag else np.eye(3) * 2.0)
-    state = pvi.init_server(prior, 2)._replace(server_round=6)
-    return pvi.broadcast(state, 1)
+    state = pvi_server.init_server(prior, 2)._replace(server_round=6)
+    return pvi_server.broadcast(state, 1)
 
 
 @pytest.mark.parametrize("diag", [False, True])
@@ -39,18 +41,18 @@ def test_dotted_keys_and_schema_version():
 
 def test_infinity_is_valid_only_where_the_template_allows_it():
     """Finiteness is a per-field rule (a PDMC event time may be +inf); NaN is never valid."""
-    msg = pvi.EvalReply(np.array([np.inf]))
+    msg = pvi_messages.EvalReply(np.array([np.inf]))
     rd = codec.encode(msg, "t")
     with pytest.raises(codec.CodecError, match="term: non-finite"):
         codec.decode(rd, "t", msg)
     assert codec.decode(rd, "t", msg, allow_inf={"term"}).term[0] == np.inf
     with pytest.raises(codec.CodecError, match="term: non-finite"):
-        codec.decode(codec.encode(pvi.EvalReply(np.array([np.nan])), "t"), "t", msg,
+        codec.decode(codec.encode(pvi_messages.EvalReply(np.array([np.nan])), "t"), "t", msg,
                      allow_inf={"term"})
 
 
 def _reply():
-    return pvi.ClientMessage(G.from_moments(np.zeros(3), np.eye(3)), 5, 1)
+    return pvi_messages.ClientMessage(G.from_moments(np.zeros(3), np.eye(3)), 5, 1)
 
 
 @pytest.mark.parametrize("mutate, field, reason", [
@@ -78,9 +80,9 @@ def test_client_state_store_and_load():
 
     records = RecordDict()
     prior = G.from_moments(np.zeros(2), np.eye(2))
-    assert codec.load_state(records, KIND_STATE, pvi.init_client(prior)) is None
-    state = pvi.ClientState(prior, G.add(prior, prior), 3)
+    assert codec.load_state(records, KIND_STATE, pvi_client.init_client(prior)) is None
+    state = pvi_messages.ClientState(prior, G.add(prior, prior), 3)
     codec.save_state(records, KIND_STATE, state)
-    back = codec.load_state(records, KIND_STATE, pvi.init_client(prior))
+    back = codec.load_state(records, KIND_STATE, pvi_client.init_client(prior))
     assert back.pending_round == 3
     assert np.array_equal(back.pending.eta2, state.pending.eta2)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from fedbayes_flwr.algorithms import commit
 from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
 from fedbayes_flwr.runtime.engine import iterate_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
@@ -34,7 +35,6 @@ def test_bad_reply_equals_missing_reply(kind):
 
 def test_rejected_client_keeps_its_old_factor():
     """After a rejection the client's pending factor is dropped (server and client agree)."""
-    from fedbayes_flwr.algorithms.pvi import bundle as pvi
     from fedbayes_flwr.inference import gaussian as G
 
     exp = build_experiment(parse_run_config({**BASE, "model": "linear-regression",
@@ -50,7 +50,7 @@ def test_rejected_client_keeps_its_old_factor():
     np.testing.assert_allclose(G.to_moments(logs[-1][1].posterior)[0], G.to_moments(exact)[0],
                                rtol=1e-8)
     assert logs[0][2].rejected[0].partition_id == 2 and not logs[1][2].rejected
-    assert list(logs[0][1].accepted_round) == [1, 1, pvi.NO_ROUND, 1]
+    assert list(logs[0][1].accepted_round) == [1, 1, commit.NO_ROUND, 1]
 
 
 def test_fault_spec_is_validated():

@@ -308,7 +308,7 @@ def test_strategy_summary_lists_only_the_settings_that_were_changed(caplog):
     section keys that differ from their defaults."""
     import logging
 
-    from fedbayes_flwr.algorithms.pvi.bundle import PVIConfig
+    from fedbayes_flwr.algorithms.pvi.config import PVIConfig
     from fedbayes_flwr.inference import gaussian as G
     from strategies import PVIStrategy
 

@@ -15,7 +15,11 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr import models
+from fedbayes_flwr.algorithms import commit
 from fedbayes_flwr.algorithms.pvi import bundle as pvi
+from fedbayes_flwr.algorithms.pvi import client as pvi_client
+from fedbayes_flwr.algorithms.pvi import messages as pvi_messages
+from fedbayes_flwr.algorithms.pvi import server as pvi_server
 from fedbayes_flwr.algorithms.pvi import step as S
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
@@ -198,7 +202,7 @@ def test_server_held_clients_keep_nothing():
     request = exp.bundle.requests(state, exp.setup, _round(1))[0]
     assert request.action == pvi.STEP
     assert exp.bundle.init_client(exp.setup, 0).nothing.size == 0  # nothing to keep or restore
-    used = pvi.commit.propose(pvi.init_client(exp.setup.prior),  # a stale client-held state
+    used = commit.propose(pvi_client.init_client(exp.setup.prior),  # a stale client-held state
                               G.make(np.ones(exp.setup.prior.dim), exp.setup.prior.eta2), 7)
     data = exp.client_data(0)
     fresh_reply = exp.bundle.client_step(np.zeros(2, np.int32), exp.bundle.init_client(exp.setup, 0),
@@ -310,11 +314,11 @@ def test_step_memory_starts_each_search_at_most_twice_the_last_step():
     exp = _exp(**LOGISTIC, **{"pvi.step-memory": True})
     config = exp.setup.config
     state = exp.bundle.init_server(exp.setup)
-    assert pvi.round_first_step(state, config) == 1.0
-    assert pvi.round_first_step(state._replace(last_step=0.125), config) == 0.25
-    assert pvi.round_first_step(state._replace(last_step=0.75), config) == 1.0
+    assert pvi_server.round_first_step(state, config) == 1.0
+    assert pvi_server.round_first_step(state._replace(last_step=0.125), config) == 0.25
+    assert pvi_server.round_first_step(state._replace(last_step=0.75), config) == 1.0
     plain = _exp(**LOGISTIC, **{"pvi.step-memory": False}).setup.config
-    assert pvi.round_first_step(state._replace(last_step=0.125), plain) == 1.0
+    assert pvi_server.round_first_step(state._replace(last_step=0.125), plain) == 1.0
     steps = []
     for _, st, log in iterate_in_process(exp, num_rounds=3):
         steps.append(log.diagnostics["pvi_step"])
@@ -326,13 +330,13 @@ def test_step_memory_starts_each_search_at_most_twice_the_last_step():
 def _search_with(state, config, num_clients, free_energies, exact=False):
     """Run ``search_step`` on ``state`` with replies whose expected log-likelihoods give the
     candidates exactly the free energies ``free_energies`` (one client carries them all)."""
-    cands = pvi.candidates(state, config)
+    cands = pvi_server.candidates(state, config)
     kls = np.array([S.kl(G.make(cands.posteriors.eta1[j], cands.posteriors.eta2[j]), state.prior)
                     for j in range(len(cands.steps))])
     ell = np.asarray(free_energies, dtype=np.float64) + kls
-    replies = [(k, pvi.CandidateReply(ell if k == 0 else np.zeros_like(ell)))
+    replies = [(k, pvi_messages.CandidateReply(ell if k == 0 else np.zeros_like(ell)))
                for k in range(num_clients)]
-    return pvi.search_step(state, replies, config, num_clients, exact_free_energy=exact)
+    return pvi_server.search_step(state, replies, config, num_clients, exact_free_energy=exact)
 
 
 def test_nonmonotone_fallback_takes_the_last_step_above_the_window_minimum():
@@ -347,9 +351,9 @@ def test_nonmonotone_fallback_takes_the_last_step_above_the_window_minimum():
     # logistic regression never needs it: the window only records the free energies
     assert state.recent == tuple(r[2].metrics["log_marginal_likelihood"] for r in rows[-3:])
     deltas = G.scale(state.factors, 0.1)  # any deltas: the free energies are set by hand
-    state = state._replace(deltas=deltas, received=np.ones(m, bool), phase=pvi._PHASE_SEARCH,
+    state = state._replace(deltas=deltas, received=np.ones(m, bool), phase=pvi_messages.PHASE_SEARCH,
                            last_step=0.25, recent=(-30.0, -20.0, -10.0))
-    steps = pvi.candidates(state, config).steps  # 0, then 0.5, 0.25, 0.125, 0.0625
+    steps = pvi_server.candidates(state, config).steps  # 0, then 0.5, 0.25, 0.125, 0.0625
     np.testing.assert_array_equal(steps[1:], [0.5, 0.25, 0.125, 0.0625])
     # all fall below F(0) = -10; 0.5 is above the floor -30 but larger than the last step
     new, info = _search_with(state, config, m, [-10.0, -25.0, -29.0, -12.0, -11.0])
@@ -370,7 +374,7 @@ def test_nonmonotone_fallback_takes_the_last_step_above_the_window_minimum():
     # a numeric damping with the guard: the guard stays strict (no fallback, plain backtracking)
     guard = _exp(**LOGISTIC, **{"pvi.damping": 0.5, "pvi.guard": True,
                                 "pvi.nonmonotone": 3}).setup.config
-    assert guard.step_rule == "auto" and pvi.nonmonotone_index(
+    assert guard.step_rule == "auto" and pvi_server.nonmonotone_index(
         state, guard, np.array([-25.0, -29.0, -12.0, -11.0]), steps[1:]) is None
     with pytest.raises(ConfigError, match="pvi.nonmonotone"):
         parse_run_config({**LOGISTIC, "pvi.nonmonotone": -1})
@@ -385,7 +389,7 @@ def test_step_rule_auto_is_largest_for_exact_models_and_safe_for_monte_carlo_one
     assert config.step_rule == "auto" and config.step_memory and config.nonmonotone == 5
     state = list(iterate_in_process(exp, num_rounds=1))[-1][1]
     state = state._replace(deltas=G.scale(state.factors, 0.1), received=np.ones(m, bool),
-                           phase=pvi._PHASE_SEARCH, last_step=1.0)
+                           phase=pvi_messages.PHASE_SEARCH, last_step=1.0)
     cliff = [0.0, -226.0, 823.0, 511.0, 252.0]  # F(0), then s = 1, 1/2, 1/4, 1/8
     for exact, want in ((True, 0.5), (False, 0.25)):
         _, info = _search_with(state, config, m, cliff, exact=exact)
@@ -451,12 +455,12 @@ def test_proximal_change_is_the_plain_change_scaled_on_conjugate_models():
     config = exp.setup.config
     for pid in range(exp.num_clients):
         d = exp.client_data(pid)
-        plain = pvi.undamped_change(np.array([1, 2]), pvi.StepMessage(
-            state.posterior, pvi.factor_of(state, pid), 2), exp.model, d.x, d.y, config).delta
+        plain = pvi_client.undamped_change(np.array([1, 2]), pvi_messages.StepMessage(
+            state.posterior, pvi_server.factor_of(state, pid), 2), exp.model, d.x, d.y, config).delta
         assert np.abs(plain.eta1).max() > 1e-3  # not yet at the fixed point
         for beta in (0.5, 1.0, 7.0):
-            change = pvi.undamped_change(np.array([1, 2]), pvi.StepMessage(
-                state.posterior, pvi.factor_of(state, pid), 2, beta), exp.model, d.x, d.y,
+            change = pvi_client.undamped_change(np.array([1, 2]), pvi_messages.StepMessage(
+                state.posterior, pvi_server.factor_of(state, pid), 2, beta), exp.model, d.x, d.y,
                 config).delta
             np.testing.assert_allclose(change.eta1, plain.eta1 / (1 + beta), rtol=1e-9,
                                        atol=1e-12)
@@ -476,14 +480,15 @@ def test_proximal_change_tends_to_the_local_natural_gradient():
     config, q = exp.setup.config, state.posterior
     for pid in (0, 3):
         d = exp.client_data(pid)
-        factor = pvi.factor_of(state, pid)
+        factor = pvi_server.factor_of(state, pid)
         g1, g2 = expected_ll_grad(np.array([0, 0]), exp.model, d.x, d.y, q)
         cavity = G.sub(q, factor)
         natgrad = np.concatenate([cavity.eta1 + g1 - q.eta1, cavity.eta2 + g2 - q.eta2])
         errors = []
         for beta in (100.0, 1000.0):
-            change = pvi.undamped_change(np.array([0, 0]), pvi.StepMessage(q, factor, 2, beta),
-                                         exp.model, d.x, d.y, config).delta
+            change = pvi_client.undamped_change(np.array([0, 0]),
+                                                pvi_messages.StepMessage(q, factor, 2, beta),
+                                                exp.model, d.x, d.y, config).delta
             scaled = (1 + beta) * np.concatenate([change.eta1, change.eta2])
             errors.append(np.linalg.norm(scaled - natgrad) / np.linalg.norm(natgrad))
         # O(1/beta): the error falls about tenfold from beta = 100 to 1000 (measured 2.6e-3 ->
@@ -517,13 +522,13 @@ def test_adaptive_proximal_weight_grows_on_a_stalled_round_only():
     state = list(iterate_in_process(exp, num_rounds=2))[-1][1]
     assert state.proximal == 0.0  # logistic regression never stalls here
     state = state._replace(deltas=G.scale(state.factors, 0.1), received=np.ones(m, bool),
-                           phase=pvi._PHASE_SEARCH, last_step=0.25, recent=(-30.0, -10.0))
+                           phase=pvi_messages.PHASE_SEARCH, last_step=0.25, recent=(-30.0, -10.0))
     falls, keeps = [-10.0, -25.0, -29.0, -12.0, -11.0], [-10.0, -9.0, -9.5, -9.8, -9.9]
     new, info = _search_with(state, config, m, falls)
     assert new.proximal == 1.0 and info.diagnostics["pvi_proximal_next"] == 1.0
     assert "pvi_proximal" not in info.diagnostics  # this round's deltas were plain
     assert "non-monotone" in info.diagnostics["pvi_guard"]  # the round itself is unchanged
-    for before, after in ((1.0, 2.0), (4.0, 8.0), (pvi.PROXIMAL_MAX, pvi.PROXIMAL_MAX)):
+    for before, after in ((1.0, 2.0), (4.0, 8.0), (pvi_server.PROXIMAL_MAX, pvi_server.PROXIMAL_MAX)):
         new, info = _search_with(state._replace(proximal=before), config, m, falls)
         assert new.proximal == after and info.diagnostics["pvi_proximal"] == before
     new, _ = _search_with(state._replace(proximal=2.0), config, m, keeps)
@@ -566,12 +571,12 @@ def test_a_strategy_without_a_model_searches_like_an_exact_model():
     state = list(iterate_in_process(exp, num_rounds=1))[-1][1]
     m = exp.num_clients
     state = state._replace(deltas=G.scale(state.factors, 0.1), received=np.ones(m, bool),
-                           phase=pvi._PHASE_SEARCH, last_step=1.0)
-    cands = pvi.candidates(state, bare.config)
+                           phase=pvi_messages.PHASE_SEARCH, last_step=1.0)
+    cands = pvi_server.candidates(state, bare.config)
     kls = np.array([S.kl(G.make(cands.posteriors.eta1[j], cands.posteriors.eta2[j]), state.prior)
                     for j in range(len(cands.steps))])
     cliff = np.array([0.0, -226.0, 823.0, 511.0, 252.0]) + kls  # the exact-model choice: 1/2
-    replies = [(k, pvi.CandidateReply(cliff if k == 0 else np.zeros_like(cliff)))
+    replies = [(k, pvi_messages.CandidateReply(cliff if k == 0 else np.zeros_like(cliff)))
                for k in range(m)]
     _, info = pvi._server_step(state, replies, bare, None)
     assert info.diagnostics["pvi_step"] == 0.5

@@ -11,7 +11,9 @@ import pytest
 from scipy.stats import multivariate_normal
 
 from fedbayes_flwr import models
-from fedbayes_flwr.algorithms.pvi import bundle as pvi
+from fedbayes_flwr.algorithms import commit
+from fedbayes_flwr.algorithms.pvi import messages as pvi_messages
+from fedbayes_flwr.algorithms.pvi import server as pvi_server
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.engine import iterate_in_process
@@ -105,14 +107,14 @@ def test_mean_field_gaussian_mean_is_exact():
 
 def test_server_rejects_bad_delta_and_keeps_posterior():
     prior = G.from_moments(np.zeros(2), np.eye(2))
-    state = pvi.init_server(prior, 2)
-    good = pvi.ClientMessage(G.make([1.0, 0.0], -0.5 * np.eye(2)), 3, 1)
-    nan = pvi.ClientMessage(G.make([np.nan, 0.0], np.zeros((2, 2))), 3, 1)
-    negative = pvi.ClientMessage(G.make([0.0, 0.0], np.eye(2)), 3, 2)  # precision 1 - 2 < 0
-    new, info = pvi.server_step(state, [(1, nan), (0, good)])
+    state = pvi_server.init_server(prior, 2)
+    good = pvi_messages.ClientMessage(G.make([1.0, 0.0], -0.5 * np.eye(2)), 3, 1)
+    nan = pvi_messages.ClientMessage(G.make([np.nan, 0.0], np.zeros((2, 2))), 3, 1)
+    negative = pvi_messages.ClientMessage(G.make([0.0, 0.0], np.eye(2)), 3, 2)  # precision 1 - 2 < 0
+    new, info = pvi_server.server_step(state, [(1, nan), (0, good)])
     assert info.accepted == (0,) and info.rejected[0].field == "delta.eta1"
     np.testing.assert_array_equal(new.posterior.eta2, G.add(prior, good.delta).eta2)
-    new2, info2 = pvi.server_step(new, [(1, negative)])
+    new2, info2 = pvi_server.server_step(new, [(1, negative)])
     assert info2.rejected[0].reason.startswith("update makes")
     np.testing.assert_array_equal(new2.posterior.eta2, new.posterior.eta2)
-    assert list(new2.accepted_round) == [1, pvi.NO_ROUND]
+    assert list(new2.accepted_round) == [1, commit.NO_ROUND]

@@ -146,7 +146,7 @@ class Setup(NamedTuple):
     num_features : int
     run_seed : int
     config : dataclass
-        The bundle's own config section (e.g. :class:`fedbayes_flwr.algorithms.pvi.bundle.PVIConfig`).
+        The bundle's own config section (e.g. :class:`fedbayes_flwr.algorithms.pvi.config.PVIConfig`).
     """
 
     model: Any

@@ -1,6 +1,6 @@
 """A model with its likelihood raised to a power ``a``: ``p(y | theta)^a``.
 
-PVI's proximal local solve (:func:`fedbayes_flwr.algorithms.pvi.bundle.undamped_change` with
+PVI's proximal local solve (:func:`fedbayes_flwr.algorithms.pvi.client.undamped_change` with
 ``pvi.proximal``) maximises ``a * E_q[log p(y_k | theta)] - KL(q || r)``; every local optimiser
 (the closed form of conjugate models, Adam, the fixed-point and deterministic solvers) reads the
 likelihood through the methods scaled here, so wrapping the model is all they need.
