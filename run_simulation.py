@@ -120,7 +120,7 @@ def _stop_on_first_ctrl_c():
     import signal
     import threading
 
-    from fedbayes_flwr.runtime.engine import clear_stop, request_stop
+    from fedbayes_flwr.runtime.steps import clear_stop, request_stop
 
     clear_stop()
     if threading.current_thread() is not threading.main_thread():
@@ -327,7 +327,7 @@ def run_deployment(config, progress: bool = True) -> int | None:
     """Run ``config`` on a one-machine Flower deployment (:mod:`fedbayes_flwr.deploy.run`): None
     when the run left a result to report, else the exit status (the reason is printed)."""
     from fedbayes_flwr.deploy import run as deployment
-    from fedbayes_flwr.runtime.engine import Interrupted
+    from fedbayes_flwr.runtime.steps import Interrupted
 
     try:
         deployment.run_deployment(config.to_run_config(), progress=progress)

@@ -3,7 +3,7 @@
 A request arrives as ``<category>.<bundle>`` with its action, update number and attempt in the
 ConfigRecord. The handler decodes the message against the bundle's template, loads the client
 state from the node's ``context.state`` (it survives between messages, in simulation and
-deployment alike), runs :func:`fedbayes_flwr.runtime.engine.client_work` (the same function the in-process
+deployment alike), runs :func:`fedbayes_flwr.runtime.steps.client_work` (the same function the in-process
 engine calls: same seed, same fault injection), stores the new state and encodes the reply.
 An injected ``hang`` sleeps past the message's time-to-live (bounded: then it raises, and a
 deployed ClientApp process ends; a SuperNode runs one message at a time meanwhile).
@@ -25,9 +25,9 @@ from fedbayes_flwr.runtime.checkpoint import (
     StateAck,
     is_stateful,
 )
-from fedbayes_flwr.runtime.engine import client_work
 from fedbayes_flwr.runtime.experiment import EXPECT, MISMATCH, Experiment, fingerprint, mismatches
 from fedbayes_flwr.runtime.faults import InjectedFault, client_delay_s, hang_seconds
+from fedbayes_flwr.runtime.steps import client_work
 
 
 def state_key(exp: Experiment) -> str:

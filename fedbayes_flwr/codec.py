@@ -21,6 +21,7 @@ import math
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from fedbayes_flwr.inference import tree
 from fedbayes_flwr.runtime.validation import check_message
 
 SCHEMA_VERSION = 1
@@ -36,16 +37,9 @@ class CodecError(ValueError):
         self.reason = reason
 
 
-def _is_namedtuple(obj) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields")
-
-
 def _flatten(obj, prefix: str, arrays: dict, scalars: dict) -> None:
-    for name, value in zip(obj._fields, obj, strict=True):
-        key = f"{prefix}.{name}"
-        if _is_namedtuple(value):
-            _flatten(value, key, arrays, scalars)
-        elif isinstance(value, np.ndarray):
+    for key, value in tree.leaves(obj, prefix):
+        if isinstance(value, np.ndarray):
             arrays[key] = Array(np.ascontiguousarray(value))
         elif isinstance(value, bool | int | float | str | np.generic):
             scalars[key] = value.item() if isinstance(value, np.generic) else value
@@ -62,28 +56,23 @@ def encode(message, kind: str, extra_config: dict | None = None) -> RecordDict:
 
 
 def _rebuild(template, prefix: str, arrays, config):
-    values = []
-    for name, expected in zip(template._fields, template, strict=True):
-        key = f"{prefix}.{name}"
-        if _is_namedtuple(expected):
-            values.append(_rebuild(expected, key, arrays, config))
-        elif isinstance(expected, np.ndarray):
+    def leaf(key: str, expected):
+        if isinstance(expected, np.ndarray):
             if key not in arrays:
                 raise CodecError(key, "missing array")
             try:
-                got = arrays[key].numpy()
+                return arrays[key].numpy()  # shape, dtype, finiteness: validation.check_message
             except Exception as err:  # malformed bytes: name the field, keep the cause
                 raise CodecError(key, f"undecodable array ({err})") from err
-            values.append(got)  # shape, dtype, finiteness: validation.check_message
-        else:
-            if key not in config:
-                raise CodecError(key, "missing config value")
-            got = config[key]
-            if not _same_scalar_type(expected, got):
-                raise CodecError(key, f"type {type(got).__name__}, expected "
-                                      f"{type(expected).__name__}")
-            values.append(type(expected)(got))
-    return type(template)(*values)
+        if key not in config:
+            raise CodecError(key, "missing config value")
+        got = config[key]
+        if not _same_scalar_type(expected, got):
+            raise CodecError(key, f"type {type(got).__name__}, expected "
+                                  f"{type(expected).__name__}")
+        return type(expected)(got)
+
+    return tree.rebuild(template, leaf, prefix)
 
 
 def _same_scalar_type(expected, got) -> bool:

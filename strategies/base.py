@@ -3,7 +3,7 @@
 :class:`BundleStrategy` owns what every family needs from Flower: the node <-> partition map
 (asked once, :func:`strategies.nodes.partition_map`), encoding requests and decoding replies
 (:mod:`fedbayes_flwr.codec`), validating them with the library's own
-:func:`fedbayes_flwr.runtime.engine.judge` (the in-process engine runs the same check), logging and
+:func:`fedbayes_flwr.runtime.steps.judge` (the in-process engine runs the same check), logging and
 counting rejections, byte accounting, the failure policy, and recording at evaluation points.
 Its :meth:`BundleStrategy.start` drives ``barrier`` and ``apply-on-arrival`` bundles through
 :mod:`strategies.drivers`; checkpoints, resume and nodes that lost their client state are
@@ -29,11 +29,13 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, failure_policy, round_seed
+from fedbayes_flwr.errors import RunStopped
+from fedbayes_flwr.inference.tree import payload_nbytes
 from fedbayes_flwr.runtime.checkpoint import STATE_LOST, VERSION_KEY
 from fedbayes_flwr.runtime.config import section_items
-from fedbayes_flwr.runtime.engine import (
+from fedbayes_flwr.runtime.experiment import EXPECT, MISMATCH, fingerprint
+from fedbayes_flwr.runtime.steps import (
     RoundLog,
-    RunStopped,
     Tally,
     eval_point,
     judge,
@@ -42,7 +44,6 @@ from fedbayes_flwr.runtime.engine import (
     stop_on_failure,
     timed_out,
 )
-from fedbayes_flwr.runtime.experiment import EXPECT, MISMATCH, fingerprint, payload_nbytes
 
 from . import checkpointing as ckpt_flower
 from .drivers import run_barrier, run_on_arrival, send_and_receive

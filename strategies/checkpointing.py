@@ -33,6 +33,7 @@ from flwr.common import log
 
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection
+from fedbayes_flwr.errors import RunStopped
 from fedbayes_flwr.runtime.checkpoint import (
     STATE_GET,
     STATE_LOST,
@@ -43,8 +44,8 @@ from fedbayes_flwr.runtime.checkpoint import (
     check_fits,
     is_stateful,
 )
-from fedbayes_flwr.runtime.engine import RunStopped, check_stop
 from fedbayes_flwr.runtime.experiment import EXPECT
+from fedbayes_flwr.runtime.steps import check_stop
 
 POLL_S = 0.01
 

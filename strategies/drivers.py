@@ -19,7 +19,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from fedbayes_flwr.runtime.engine import RunStopped, check_stop
+from fedbayes_flwr.errors import RunStopped
+from fedbayes_flwr.runtime.steps import check_stop
 
 from .checkpointing import snapshot_idle
 

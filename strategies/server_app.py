@@ -16,11 +16,12 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
+from fedbayes_flwr.errors import RunStopped
 from fedbayes_flwr.runtime.checkpoint import resumed
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.engine import Interrupted, RunStopped
 from fedbayes_flwr.runtime.experiment import build_experiment
 from fedbayes_flwr.runtime.recorder import Recorder
+from fedbayes_flwr.runtime.steps import Interrupted
 
 from .base import BundleStrategy
 

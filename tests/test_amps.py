@@ -20,8 +20,9 @@ from fedbayes_flwr.inference.vb.gaussian_vector import to_natural
 from fedbayes_flwr.inference.vb.gmm import GMM
 from fedbayes_flwr.models import exact_posterior
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.engine import iterate_in_process, judge, run_in_process
+from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
+from fedbayes_flwr.runtime.steps import judge
 
 PAPER = GMM(3, 1, noise_var=0.09, prior_var=2.0, concentration=1.0)
 GMM_RUN = {"algorithm": "amps", "model": "gmm", "dataset": "amps-mixture", "num-clients": 10,

@@ -13,9 +13,10 @@ from fedbayes_flwr.algorithms.base import client_seed
 from fedbayes_flwr.algorithms.dsvgd import bundle as D
 from fedbayes_flwr.algorithms.dsvgd.svgd import svgd
 from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.inference.tree import payload_nbytes
 from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.engine import iterate_in_process
-from fedbayes_flwr.runtime.experiment import build_experiment, payload_nbytes
+from fedbayes_flwr.runtime.experiment import build_experiment
 
 SMALL = {"model": "gaussian-mean", "dataset": "synthetic", "synthetic-dim": 2,
          "local-iterations": 40, "distillation-iterations": 40, "batch-size": 0}
@@ -121,7 +122,7 @@ def test_memory_constant_for_dsvgd_and_grows_2nd_per_visit_for_u_dsvgd():
 def test_bad_replies_are_rejected_and_leave_state_untouched():
     """Wrong shape and NaN particles: rejected with the partition and field named, the global
     particles unchanged, the client's factor not committed (the next request says so)."""
-    from fedbayes_flwr.runtime.engine import judge
+    from fedbayes_flwr.runtime.steps import judge
 
     exp = _experiment(algorithm="dsvgd", **{"num-clients": 2})
     setup, bundle = exp.setup, exp.bundle

@@ -20,17 +20,12 @@ import numpy as np
 import pytest
 
 from fedbayes_flwr import models
+from fedbayes_flwr.errors import RunStopped
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.runtime.config import ConfigError, parse_faults, parse_run_config
-from fedbayes_flwr.runtime.engine import (
-    RunStopped,
-    iterate_in_process,
-    judge,
-    not_sent,
-    run_in_process,
-    timed_out,
-)
+from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
+from fedbayes_flwr.runtime.steps import judge, not_sent, timed_out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # conjugate PVI: with damping 1 one synchronous round gives every client its exact factor
@@ -110,7 +105,7 @@ def test_hung_client_times_out_without_waiting_and_is_never_asked_again():
 
 def test_garbage_reply_is_rejected_like_a_dropped_one_and_the_codec_agrees():
     from fedbayes_flwr import codec
-    from fedbayes_flwr.runtime.engine import client_work
+    from fedbayes_flwr.runtime.steps import client_work
 
     keys = {**LR, "num-clients": 4, "damping": 0.5}
     exp = build_experiment(parse_run_config({**keys, "inject-fault": "garbage@2:1"}))

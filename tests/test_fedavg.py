@@ -13,8 +13,9 @@ from fedbayes_flwr.algorithms import fedavg as F
 from fedbayes_flwr.algorithms.base import Rejection, Round, client_seed
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.engine import iterate_in_process, judge, run_in_process
+from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
+from fedbayes_flwr.runtime.steps import judge
 
 LINEAR = {"model": "linear-regression", "dataset": "diabetes", "num-clients": 3,
           "partition": "iid", "local-steps": 20, "batch-size": 0}

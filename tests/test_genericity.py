@@ -135,7 +135,7 @@ def _handler_round_trip():
     from clients.handler import handle, state_key
     from fedbayes_flwr import codec
     from fedbayes_flwr.algorithms.base import Request
-    from fedbayes_flwr.runtime.engine import client_work
+    from fedbayes_flwr.runtime.steps import client_work
     from strategies.base import BundleStrategy
 
     exp = build_experiment(parse_run_config({**TOY, "algorithm-modules": "tests.toy_algorithm"}))

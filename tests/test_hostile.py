@@ -9,7 +9,7 @@ Three suites, each at least 500 derandomised examples (reproducible in CI):
   action it actually requests, a reply mutated at random (shapes, dtypes, NaN/inf, huge values,
   missing and extra keys, wrong schema version, undecodable arrays, client errors) goes through
   the Flower strategy's own path (``BundleStrategy._decode``: codec, then
-  :func:`fedbayes_flwr.runtime.engine.judge` = ``check_message`` + ``bundle.check``, then
+  :func:`fedbayes_flwr.runtime.steps.judge` = ``check_message`` + ``bundle.check``, then
   ``server_step``). It is either a :class:`Rejection` (and the server state afterwards equals the
   state after a plain "no reply", compared field by field with ``np.array_equal``; a
   ``stop``-policy sampler stops with one line before any step instead) or accepted (and no
@@ -44,10 +44,11 @@ from hypothesis.extra import numpy as hnp
 from fedbayes_flwr import codec
 from fedbayes_flwr.algorithms.base import Rejection, Round, failure_policy, round_seed
 from fedbayes_flwr.data import DataError, load_dataset
-from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.errors import ConfigError, RunStopped
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.engine import RunStopped, Tally, _InProcess, stop_on_failure
+from fedbayes_flwr.runtime.engine import _InProcess
 from fedbayes_flwr.runtime.experiment import MISMATCH, build_experiment, num_classes
+from fedbayes_flwr.runtime.steps import Tally, stop_on_failure
 from fedbayes_flwr.runtime.validation import check_message
 
 SETTINGS = settings(max_examples=500, deadline=None, derandomize=True, database=None,

@@ -140,8 +140,8 @@ def test_client_with_a_different_experiment_refuses_and_the_strategy_stops():
     from flwr.app import Context, Error, Message, RecordDict
 
     from clients.handler import handle
+    from fedbayes_flwr.errors import RunStopped
     from fedbayes_flwr.runtime.config import parse_run_config
-    from fedbayes_flwr.runtime.engine import RunStopped
     from fedbayes_flwr.runtime.experiment import build_experiment
     from strategies import PVIStrategy
 

@@ -19,8 +19,9 @@ from fedbayes_flwr.algorithms.pdmc.driver import simulate
 from fedbayes_flwr.inference import potentials as P
 from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.engine import judge, run_in_process
+from fedbayes_flwr.runtime.engine import run_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
+from fedbayes_flwr.runtime.steps import judge
 
 D, N = 10, 50  # the paper's Gaussian example: d = 10, N = 50, alpha = 1, mu_0 = 0.5
 

@@ -170,7 +170,8 @@ def test_in_process_resume_keeps_a_timed_out_partition_out(tmp_path):
     """A partition that timed out before the checkpoint stays out of the resumed run (never
     asked again, as over Flower) instead of timing out a second time; the result equals the
     uninterrupted run bit for bit."""
-    from fedbayes_flwr.runtime.engine import iterate_in_process, not_sent
+    from fedbayes_flwr.runtime.engine import iterate_in_process
+    from fedbayes_flwr.runtime.steps import not_sent
 
     keys = {"algorithm": "pvi", "pvi.damping": 1.0, "inject-fault": "hang@2:1"}
     full = _run(keys, tmp_path / "full", 5)

@@ -16,8 +16,9 @@ from fedbayes_flwr.algorithms.base import Round, client_seed, round_seed
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.engine import iterate_in_process, judge, run_in_process
+from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
+from fedbayes_flwr.runtime.steps import judge
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 SMALL = {"model": "gaussian-mean", "dataset": "synthetic", "synthetic-dim": 2,

@@ -57,7 +57,7 @@ from fedbayes_flwr.deploy.flwr_cli import (
 from fedbayes_flwr.deploy.processes import Processes, executable, free_port, sigterm_raises
 from fedbayes_flwr.deploy.tls import make_node_key, make_tls
 from fedbayes_flwr.errors import DeploymentError
-from fedbayes_flwr.runtime.engine import Interrupted, check_stop
+from fedbayes_flwr.runtime.steps import Interrupted, check_stop
 
 LOG_DIR = "deployment-logs"  # under output-dir
 POLL_S = 2.0
@@ -117,7 +117,7 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
     ``output-dir``) on a TLS + SuperNode-authentication deployment on this machine.
 
     Raises :class:`DeploymentError` (one line) when the deployment cannot start or the run does
-    not finish ``completed``; :class:`fedbayes_flwr.runtime.engine.Interrupted` after a Ctrl-C (the
+    not finish ``completed``; :class:`fedbayes_flwr.runtime.steps.Interrupted` after a Ctrl-C (the
     finished updates stay in ``output-dir``). Every process started is stopped before it
     returns or raises. ``node_config`` adds keys to every SuperNode's node config;
     ``keep_dir`` keeps a copy of the private directory there (for debugging; it holds keys);

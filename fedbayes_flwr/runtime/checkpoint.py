@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedbayes_flwr.algorithms import registry
+from fedbayes_flwr.inference.tree import is_namedtuple
 from fedbayes_flwr.runtime.config import parse_run_config
 
 FILE = "checkpoint.npz"
@@ -109,17 +110,13 @@ class Checkpoint(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- structure <-> JSON
-def _is_namedtuple(obj) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields")
-
-
 def flatten(obj, arrays: list) -> Any:
     """A JSON-able description of ``obj``; its arrays are appended to ``arrays`` (by index).
 
     Handles NamedTuples (by type), tuples, lists, dicts with string keys, numpy arrays and
     scalars (kept with their dtype), Python scalars and None.
     """
-    if _is_namedtuple(obj):
+    if is_namedtuple(obj):
         cls = type(obj)
         return {"nt": f"{cls.__module__}:{cls.__qualname__}",
                 "f": {name: flatten(value, arrays) for name, value in zip(obj._fields, obj,

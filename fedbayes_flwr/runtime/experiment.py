@@ -109,15 +109,6 @@ def num_classes(dataset: Dataset) -> int:
     return classes
 
 
-def payload_nbytes(obj) -> int:
-    """Bytes of array payload in a message (NamedTuples of arrays, nested)."""
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, tuple):
-        return sum(payload_nbytes(o) for o in obj)
-    return 0
-
-
 # Keys a node may set for itself (its own data file, its own speed, where the server writes) and
 # keys only the server reads: never compared between server and clients.
 NODE_LOCAL_KEYS = ("data", "client-delay", "output-dir")

@@ -50,7 +50,7 @@ class Recorder:
     def record(self, update: int, posterior, log) -> dict:
         """Evaluate ``posterior`` on the test set, append the row, rewrite the result files.
 
-        ``log`` is a :class:`fedbayes_flwr.runtime.engine.RoundLog` (the updates since the last row).
+        ``log`` is a :class:`fedbayes_flwr.runtime.steps.RoundLog` (the updates since the last row).
         """
         ds = self.exp.dataset
         metrics, diagram = self.exp.model.metrics(posterior, ds.x_test, ds.y_test)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _is_namedtuple(obj) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+from fedbayes_flwr.inference.tree import is_namedtuple
 
 
 def check_message(template, message, allow_inf: frozenset | tuple = (),
@@ -42,7 +40,7 @@ def check_message(template, message, allow_inf: frozenset | tuple = (),
         return prefix or "message", f"type {type(message).__name__}, expected {type(template).__name__}"
     for name, expected, got in zip(template._fields, template, message, strict=True):
         field = f"{prefix}.{name}" if prefix else name
-        if _is_namedtuple(expected):
+        if is_namedtuple(expected):
             problem = check_message(expected, got, allow_inf, field, exact_shapes)
             if problem is not None:
                 return problem
