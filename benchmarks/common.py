@@ -2,8 +2,8 @@
 
 Import it before anything from ``fedbayes_flwr``: importing it quietens TensorFlow and Flower and
 puts the repository root on ``sys.path`` (so the scripts run without the package installed).
-The scripts run as ``.venv/bin/python benchmarks/<script>.py``, which puts this folder on
-``sys.path``, so ``import common`` finds this module.
+The scripts run as ``python benchmarks/<family>/<script>.py``; each puts this folder on
+``sys.path`` before ``import common``. Results go to ``benchmarks/results/<family>/``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RESULTS_DIR = os.path.join(HERE, "results")
+# A script lives in benchmarks/<family>/ and writes to benchmarks/results/<family>/.
+FAMILY = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0] or HERE)))
+RESULTS_DIR = os.path.join(HERE, "results", FAMILY if FAMILY != "benchmarks" else "")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 

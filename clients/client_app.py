@@ -14,7 +14,7 @@ node-local ``data`` (its own data file), ``client-delay`` and ``cache-dir`` (a d
 node keeps its prepared partition between messages: :mod:`fedbayes_flwr.runtime.partition_cache`; a
 deployed ClientApp is a new process per message). With ``FEDBAYES_TIMING_LOG`` set in the
 SuperNode's environment, each message appends one JSON line of timestamps there (process start,
-app import, data ready, reply ready: ``benchmarks/deployment_split.py``).
+app import, data ready, reply ready: ``benchmarks/flower/deployment_split.py``).
 """
 
 # ruff: noqa: E402  (the imports follow _IMPORT_START on purpose: their cost is measured)

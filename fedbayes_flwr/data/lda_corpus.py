@@ -6,7 +6,7 @@
     theta_d ~ Dir(alpha 1_K)                 d = 1..D
     n_d     ~ Multinomial(L, theta_d^T beta) (the document's word counts, L words)
 
-Recommended for the benchmark (``benchmarks/amps_lda.py``): ``V = 100`` words, ``K = 10``
+Recommended for the benchmark (``benchmarks/amps/amps_lda.py``): ``V = 100`` words, ``K = 10``
 topics, ``L = 80`` words per document, ``alpha = 1 / K`` and ``eta = 0.1`` (the defaults of
 :class:`fedbayes_flwr.inference.vb.lda.LDA`, so the fitted model is well specified), and 20 documents per
 agent, i.e. ``D = 1000`` training documents for 50 agents (smaller splits for 5 and 10 agents

@@ -79,7 +79,7 @@ class PVIConfig:
         backtracks from it: ``largest``) (BNNs: the largest acceptable step alternates 0.25 / 0.5
         and ends at 0.861 test accuracy on the digits BNN, ``safe`` with the step memory and the
         non-monotone window at 0.906, and with the proximal local solves of ``proximal = auto``
-        at 0.947; ``benchmarks/pvi_damping.py``).
+        at 0.947; ``benchmarks/pvi/pvi_damping.py``).
     sufficient_increase : float
         ``c`` in [0, 1) of the ``safe`` rule's test ``F(s) - F(0) >= c * s * g``.
     step_memory : bool
@@ -112,7 +112,7 @@ class PVIConfig:
         :data:`PROXIMAL_MAX`, never lowered. Measured on the digits BNN (seed 0, round 12, where
         the plain combined delta lowers the free energy at every step, by 83 nats at ``s =
         1/2``): the proximal deltas with ``beta = 1 / 3 / 9`` raise it by 134 / 158 / 160 nats
-        at ``s = 1/2``. Over 20 synchronous rounds on five seeds (``benchmarks/pvi_damping.py``) the
+        at ``s = 1/2``. Over 20 synchronous rounds on five seeds (``benchmarks/pvi/pvi_damping.py``) the
         digits BNN ends at 0.951 mean test accuracy, against 0.928 without proximal solves and
         0.933 for the best fixed damping (0.2), and no round stalled. A number: that ``beta``
         every round (0: plain local solves). Conjugate models: the change is exactly the plain

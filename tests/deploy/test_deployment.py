@@ -1,0 +1,284 @@
+"""Deployment: ``run_simulation.py --engine deployment`` (a SuperLink with TLS and SuperNode
+authentication, one SuperNode per partition, all on 127.0.0.1) and the partition query telling
+the truth about nodes that cannot answer it.
+
+The fast tests (no Flower process) check the partition query, the app copy and the
+certificates. The ``deployment`` tests start real SuperLink / SuperNode processes: every process
+they start carries a unique environment tag, so the test finds exactly its own processes in
+``/proc`` and asserts none is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+import uuid
+
+import numpy as np
+import pytest
+
+from fedbayes_flwr import models
+from fedbayes_flwr.deploy import flwr_cli
+from fedbayes_flwr.deploy import processes as deploy_processes
+from fedbayes_flwr.deploy import run as deploy
+from fedbayes_flwr.deploy import tls as deploy_tls
+from fedbayes_flwr.deploy import watchdog as processes
+from fedbayes_flwr.inference import gaussian as G
+from fedbayes_flwr.runtime.config import parse_run_config
+from fedbayes_flwr.runtime.engine import run_in_process
+from fedbayes_flwr.runtime.experiment import build_experiment
+from tests.helpers.flower_utils import REPO, describe, task_identity
+
+LR = {"algorithm": "pvi", "model": "linear-regression", "dataset": "synthetic", "num-clients": 3,
+      "partition": "iid", "seed": 0}  # iid: no flwr_datasets import (seconds) in the fast tests
+NO_PARTITION = ("<class 'ValueError'>:<'node config lacks 'partition-id' (start the SuperNode "
+                "with --node-config \"partition-id=K num-partitions=M\")'>")  # as flwr 1.42 sends
+
+
+# ------------------------------------------------------------------ the partition query (fast)
+class _Grid:
+    """A Grid in this process. Node ``100 + p`` serves partition ``p`` through the real client
+    handler; the nodes in ``broken`` answer every message with a ClientApp error, as a deployed
+    SuperNode started without ``partition-id`` does."""
+
+    def __init__(self, exp, broken=()):
+        from flwr.app import Context, RecordDict
+
+        self.exp, self.broken = exp, set(broken)
+        self.contexts = {100 + p: Context(1, 100 + p, {"partition-id": p}, RecordDict(), {})
+                         for p in range(exp.num_clients)}
+        self.replies, self.asked = {}, []
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def _answer(self, message):
+        from flwr.app import ConfigRecord, Error, Message, RecordDict
+        from flwr.common.constant import ErrorCode
+
+        from clients.handler import handle
+
+        node = message.metadata.dst_node_id
+        self.asked.append(node)
+        if node in self.broken:
+            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, NO_PARTITION),
+                           reply_to=message)
+        if message.metadata.message_type == "query.partition":
+            return Message(RecordDict({"config": ConfigRecord(
+                {"partition-id": node - 100, "num-partitions": self.exp.num_clients})}),
+                reply_to=message)
+        return handle(self.exp, node - 100, message, self.contexts[node])
+
+    def send_and_receive(self, messages, timeout):
+        return [self._answer(m) for m in messages]
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = mid = str(uuid.uuid4())
+            self.replies[mid] = self._answer(m)
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(mid) for mid in message_ids if mid in self.replies]
+
+
+def test_a_node_without_partition_id_is_a_failed_partition_with_its_own_error():
+    """3 partitions, the node of partition 1 lacks ``partition-id``: the run goes on without
+    partition 1, every update records the node's own error, and the posterior is the exact
+    posterior of partitions 0 and 2 (conjugate model: PVI is exact after one update)."""
+    from strategies.server_app import strategy_for
+
+    exp = build_experiment(parse_run_config(LR))
+    grid = _Grid(exp, broken={101})
+    strategy = strategy_for(exp)
+    logs = []
+    with task_identity():
+        strategy.start(grid, num_rounds=2, evaluate_fn=lambda u, _: logs.append(
+            strategy.round_logs[u]))
+    assert strategy.outcome == "completed" and strategy.dead == {1}
+    assert grid.asked.count(101) == 1  # asked its partition once, then never again
+    assert len(logs) == 2
+    for log in logs:  # every exchange of the update (step, free-energy candidates) rejects it
+        assert log.rejected and log.clients == (0, 2)
+        for rejection in log.rejected:
+            assert rejection.partition_id == 1
+            assert ("partition query failed: node 101: ValueError: node config lacks "
+                    "'partition-id'") in rejection.reason
+    rows = np.concatenate([exp.partitions[0], exp.partitions[2]])
+    exact = models.exact_posterior(exp.model, exp.prior, exp.dataset.x_train[rows],
+                                   exp.dataset.y_train[rows])
+    mean, cov = G.to_moments(exact)
+    post = strategy.posterior
+    # exact up to float64 round-off of a 4x4 solve (condition number ~1e2 here)
+    np.testing.assert_allclose(post.mean(), mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(post.std() ** 2, np.diag(cov), rtol=1e-9, atol=1e-12)
+
+
+def test_no_node_can_answer_the_partition_query_raises_the_clients_own_error():
+    from strategies.nodes import PartitionError, partition_nodes
+
+    exp = build_experiment(parse_run_config({**LR, "num-clients": 2}))
+    with task_identity(), pytest.raises(PartitionError) as err:
+        partition_nodes(_Grid(exp, broken={100, 101}), 2, timeout=5)
+    message = str(err.value)
+    assert "ValueError: node config lacks 'partition-id'" in message, message
+    assert "no connected node serves" not in message and "\n" not in message
+
+
+# ------------------------------------------------------------------ credentials, app copy (fast)
+def test_certificates_and_node_keys_are_what_flower_reads(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    tls = deploy_tls.make_tls(tmp_path / "tls")
+    ca = x509.load_pem_x509_certificate(tls.ca_cert.read_bytes())
+    cert = x509.load_pem_x509_certificate(tls.server_cert.read_bytes())
+    cert.verify_directly_issued_by(ca)  # raises unless the CA signed it
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    key = deploy_tls.make_node_key(tmp_path / "keys", "node0")
+    private = serialization.load_ssh_private_key(key.private.read_bytes(), None)
+    public = serialization.load_ssh_public_key(key.public.read_bytes())
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+    assert public.public_numbers() == private.public_key().public_numbers()
+    for secret in (tls.server_key, key.private):
+        assert secret.stat().st_mode & 0o077 == 0  # private keys: owner only
+
+
+def test_app_copy_carries_the_full_run_config_and_plugins(tmp_path):
+    config = parse_run_config({**LR, "algorithm": "empty-exchange",
+                               "algorithm-modules": "benchmarks.flower.empty_exchange",
+                               "output-dir": str(tmp_path / "out")}).to_run_config()
+    app = flwr_cli.copy_app(tmp_path / "app", config)
+    with open(app / "pyproject.toml", "rb") as f:
+        meta = tomllib.load(f)
+    assert meta["tool"]["flwr"]["app"]["components"] == {
+        "serverapp": "strategies.server_app:app", "clientapp": "clients.client_app:app"}
+    from flwr.common.config import flatten_dict
+
+    assert flatten_dict(meta["tool"]["flwr"]["app"]["config"]) == config
+    assert (app / "benchmarks" / "flower" / "empty_exchange.py").is_file()
+    assert not (app / "benchmarks" / "results").exists() and not (app / "tests").exists()
+
+
+# ------------------------------------------------------------------ real processes
+def _tagged(tag: str) -> list[int]:
+    """Live processes carrying the test's environment tag (zombies count as gone)."""
+    me = os.getpid()
+    return [p for p in processes.pids()
+            if p != me and processes.has_env(p, f"FEDBAYES_TEST_TAG={tag}") and processes.alive(p)]
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds PIDs in /proc")
+def test_deployment_engine_equals_in_process_and_leaves_no_process(tmp_path):
+    """PVI, 3 SuperNodes, TLS and SuperNode authentication, linear regression, 2 updates."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "FEDBAYES_TEST_TAG": tag, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = tmp_path / "deployed"
+    keys = ["--algorithm", "pvi", "--model", "linear-regression", "--dataset", "synthetic",
+            "--num-clients", "3", "--partition", "iid", "--num-rounds", "2", "--seed", "0"]
+    try:
+        proc = subprocess.run([sys.executable, str(REPO / "run_simulation.py"), "--engine",
+                               "deployment", *keys, "--output-dir", str(out), "--quiet"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600, check=False)
+    finally:
+        # the CLI's watchdog outlives it by at most one poll plus its stop sequence
+        deadline = time.monotonic() + processes.POLL_S + sum(g for _, g in processes.STOP_GRACE_S) + 1
+        while (leftover := _tagged(tag)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert not leftover, f"processes left running:\n{describe(leftover)}"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    logs = out / "deployment-logs"
+    listed = json.loads((logs / "processes.json").read_text())
+    started, stopped = listed["started"], listed["stopped"]
+    assert sorted(started) == ["superlink", "supernode-0", "supernode-1", "supernode-2"]
+    # Flower's SuperExec children (own sessions) were found and stopped too
+    assert set(started.values()) < set(stopped)
+    assert not any(processes.alive(pid) for pid in stopped)
+    superlink_log = (logs / "superlink.log").read_text()
+    assert "Starting Flower SuperLink" in superlink_log
+    result = json.loads((out / "result.json").read_text())
+    assert result["engine"] == "deployment" and result["outcome"] == "completed"
+    assert [row["round"] for row in result["history"]] == [1, 2]
+    assert all(row["clients"] == [0, 1, 2] for row in result["history"])
+
+    local = tmp_path / "local"
+    run_in_process(parse_run_config({**LR, "num-rounds": 2, "output-dir": str(local)}),
+                   progress=False)
+    with np.load(out / "posterior.npz") as a, np.load(local / "posterior.npz") as b:
+        assert sorted(a.files) == sorted(b.files)
+        for name in a.files:  # the acceptance tolerance; the same float64 maths: bitwise equal
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+def test_deployment_resumes_a_stored_run_with_the_nodes_states(tmp_path):
+    """``--resume DIR --engine deployment``: new SuperNodes (empty states) get the sequential
+    PVI client-held factors back over TLS, and 3 + 1 updates equal 4 in-process updates
+    (update 4 revisits partition 1, which updates 1-3 had visited)."""
+    out = tmp_path / "run"
+    keys = ["--algorithm", "pvi", "--model", "linear-regression", "--dataset", "synthetic",
+            "--num-clients", "3", "--partition", "iid", "--seed", "0", "--run-config",
+            "pvi.schedule='sequential'"]
+
+    def cli(*argv):
+        proc = subprocess.run([sys.executable, str(REPO / "run_simulation.py"), "--engine",
+                               "deployment", "--quiet", *argv], cwd=tmp_path, timeout=600,
+                              capture_output=True, text=True, env={**os.environ,
+                                                                   "TF_CPP_MIN_LOG_LEVEL": "3"})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    cli(*keys, "--num-rounds", "3", "--output-dir", str(out))
+    cli("--resume", str(out), "--num-rounds", "4")
+    result = json.loads((out / "result.json").read_text())
+    assert result["engine"] == "deployment" and result["outcome"] == "completed"
+    assert [row["clients"] for row in result["history"]] == [[0], [2], [1], [1]]
+    assert result["run_config"]["resume"] == str(out)
+    local = tmp_path / "local"
+    run_in_process(parse_run_config({**LR, "pvi.schedule": "sequential", "num-rounds": 4,
+                                     "output-dir": str(local)}), progress=False)
+    with np.load(out / "posterior.npz") as a, np.load(local / "posterior.npz") as b:
+        for name in a.files:  # without its factor put back, partition 1 counts its data twice
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+def test_unregistered_supernode_exits_with_flowers_activation_error(tmp_path):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    env = flwr_cli.flwr_env(tmp_path / "flwr-home")
+    procs = deploy_processes.Processes(env, log_dir)
+    try:
+        tls = deploy_tls.make_tls(tmp_path / "tls")
+        key = deploy_tls.make_node_key(tmp_path / "keys", "stranger")  # never registered
+        port = deploy_processes.free_port()
+        procs.start("superlink", [
+            deploy_processes.executable("flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
+            "--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert),
+            "--ssl-keyfile", str(tls.server_key), "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation"])
+        deploy._wait_port("127.0.0.1", port, procs, "superlink", 60)
+        node = procs.start("supernode", [
+            deploy_processes.executable("flower-supernode"), "--superlink", f"127.0.0.1:{port}",
+            "--root-certificates", str(tls.ca_cert), "--auth-supernode-private-key",
+            str(key.private), "--port", str(deploy_processes.free_port()), "--node-config",
+            "partition-id=0 num-partitions=1"])
+        code = node.wait(timeout=60)  # it exits at once (no retry); 60 s bounds a loaded CI
+    finally:
+        pids = procs.stop_all()
+    assert code != 0
+    text = procs.log_tail("supernode", 20000)
+    assert "2004" in text and "Failed to activate SuperNode" in text, text
+    assert not any(processes.alive(pid) for pid in pids)
