@@ -1,6 +1,7 @@
 """PDMCStrategy: federated Zig-Zag / bouncy particle samplers as a Flower strategy (a thin class
 over the generic :class:`strategies.base.BundleStrategy`). Transport only: the samplers live in
-:mod:`fedbayes_flwr.pdmp` and the protocol in :mod:`fedbayes_flwr.algorithms.pdmc.bundle`.
+:mod:`fedbayes_flwr.algorithms.pdmc.sampler` and the protocol in
+:mod:`fedbayes_flwr.algorithms.pdmc.bundle`.
 
 Use from another Flower app::
 
