@@ -139,6 +139,10 @@ class Model:
         (numpy gradient and rate bounds for PDMC), or None when the model has none."""
         return None
 
+    def has_bounded_potential(self) -> bool:
+        """Whether :meth:`bounded_potential` is available (without building one): PDMC's check."""
+        return type(self).bounded_potential is not Model.bounded_potential
+
     def gradient_potential(self, x, y):
         """The rows' negative log-likelihood for gradient-based samplers (decentralized HMC):
         an object with numpy ``value``, ``grad`` and ``hess_quad`` over a batch of parameter
