@@ -230,8 +230,9 @@ class LikelihoodModel(Model):
                 with tf.GradientTape() as tape:
                     tape.watch(theta)
                     value = -self.log_likelihood_tf(theta, x, y)
-                return value, tape.gradient(value, theta,
-                                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                # dense: tf.vectorized_map over one row gathers it (an IndexedSlices gradient)
+                return value, tf.convert_to_tensor(tape.gradient(
+                    value, theta, unconnected_gradients=tf.UnconnectedGradients.ZERO))
 
             self._compiled["potential"] = potential
         return self._compiled["potential"]
@@ -248,8 +249,8 @@ class LikelihoodModel(Model):
                     with tf.GradientTape() as tape:
                         tape.watch(theta)
                         value = -self.log_likelihood_tf(theta, x, y)
-                    grad = tape.gradient(value, theta,
-                                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                    grad = tf.convert_to_tensor(tape.gradient(
+                        value, theta, unconnected_gradients=tf.UnconnectedGradients.ZERO))
                 hv = acc.jvp(grad, unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 return tf.reduce_sum(v * hv, axis=1)
 
