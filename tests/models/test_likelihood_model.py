@@ -120,7 +120,7 @@ def test_config_validation_and_cli_help_see_plugins(capsys):
 
     with pytest.raises(SystemExit):
         run_simulation.parse_args(["--run-config", f"model-modules='{PLUGIN}'", "--help"])
-    assert "user-poisson" in " ".join(capsys.readouterr().out.split())
+    assert "user-poisson" in "".join(capsys.readouterr().out.split())  # wrapped at hyphens
 
 
 def test_copy_app_copies_model_plugins(tmp_path):
