@@ -42,10 +42,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog="Every run-config key (see README) can be set with --run-config \"key=value ...\".")
     with _silenced_stderr_fd():  # the registry's families import TensorFlow
         from fedbayes_flwr.algorithms import registry
+        from fedbayes_flwr.models import registry as model_registry
 
+        _load_plugins_for_help(sys.argv[1:] if argv is None else argv)
         algorithms = ", ".join(registry.names())
+        models = ", ".join(model_registry.ALL_MODELS)
     for flag, kind in FLAGS.items():
-        extra = f": one of {algorithms} (the registry)" if flag == "algorithm" else ""
+        extra = {"algorithm": f": one of {algorithms} (the registry)",
+                 "model": f": one of {models} (the registry; plugins with "
+                          f"--run-config model-modules=...)"}.get(flag, "")
         parser.add_argument(f"--{flag}", type=kind, default=None,
                             help=f"run-config key '{flag}'{extra}")
     parser.add_argument("--engine", choices=("simulation", "in-process", "deployment"),
@@ -73,6 +78,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "config) up to --num-rounds updates in all; no other run-config "
                              "flags")
     return parser.parse_args(argv)
+
+
+def _load_plugins_for_help(argv) -> None:
+    """Import the plugins named in ``--run-config`` (``algorithm-modules``, ``model-modules``)
+    so that ``--help`` lists their names; a bad name is reported later, by the run config's
+    validation (one line, exit status 2), not here."""
+    from fedbayes_flwr.algorithms import registry
+    from fedbayes_flwr.models import load_model_modules
+    from fedbayes_flwr.runtime.config import ConfigError, parse_override_string
+
+    argv = [str(a) for a in argv]
+    texts = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--run-config"]
+    texts += [a.split("=", 1)[1] for a in argv if a.startswith("--run-config=")]
+    for text in texts:
+        try:
+            values = parse_override_string(text)
+            registry.load_modules(str(values.get("algorithm-modules", "")))
+            load_model_modules(str(values.get("model-modules", "")))
+        except ConfigError:
+            continue
 
 
 def resume_overrides(args: argparse.Namespace, ckpt) -> dict:

@@ -4,7 +4,8 @@
 * ``train.<bundle>`` / ``evaluate.<bundle>`` / ``query.<bundle>``: the generic handler
   (:func:`clients.handler.handle`) for every bundle in the registry, including bundles of plugin
   modules named in ``algorithm-modules`` (imported from the run config before routing, so a plugin
-  registered in the CLI also reaches Ray actors and deployed nodes).
+  registered in the CLI also reaches Ray actors and deployed nodes); the model plugins of
+  ``model-modules`` are imported the same way.
 
 ``app`` reads its settings from Flower's run config (``flwr run``); :func:`make_client_app` bakes
 explicit settings in, for ``flwr.simulation.run_simulation`` whose run config is empty.
@@ -33,6 +34,7 @@ from flwr.clientapp import ClientApp
 
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.algorithms.base import CATEGORIES
+from fedbayes_flwr.models import load_model_modules
 from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.experiment import Experiment, build_experiment
 
@@ -102,7 +104,9 @@ class BundleClientApp(ClientApp):
 
     def __call__(self, message: Message, context: Context) -> Message:
         self._call_start = time.time()
-        registry.load_modules(str(self._values(context).get("algorithm-modules", "")))
+        values = self._values(context)
+        registry.load_modules(str(values.get("algorithm-modules", "")))
+        load_model_modules(str(values.get("model-modules", "")))
         self._register()
         return super().__call__(message, context)
 

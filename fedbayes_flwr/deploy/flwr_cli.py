@@ -152,10 +152,11 @@ def app_pyproject(run_config: dict, source: Path = ROOT / "pyproject.toml") -> s
 
 def copy_app(dest: Path, run_config: dict) -> Path:
     """The app's packages (``.py`` files), the top-level package of each plugin module in
-    ``algorithm-modules`` that lives in this repository, and :func:`app_pyproject`."""
+    ``algorithm-modules`` or ``model-modules`` that lives in this repository, and :func:`app_pyproject`."""
     dest.mkdir(parents=True, exist_ok=True)
     names = set(APP_PACKAGES)
-    for module in str(run_config.get("algorithm-modules", "")).split(","):
+    plugins = f"{run_config.get('algorithm-modules', '')},{run_config.get('model-modules', '')}"
+    for module in plugins.split(","):
         top = module.strip().split(".")[0]
         if top and ((ROOT / top).is_dir() or (ROOT / f"{top}.py").is_file()):
             names.add(top)

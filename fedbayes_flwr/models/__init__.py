@@ -9,10 +9,17 @@
 * :mod:`.structured`: ``gmm``, ``lda``, ``latent-feature`` (mean-field exponential-family
   models for the AMPS family, :data:`STRUCTURED_MODELS`);
 * :mod:`.bnn`: ``bnn-classifier``, ``bnn-regression`` and :func:`parse_hidden`;
+* :mod:`.likelihood`: :class:`LikelihoodModel`, a model written as one TensorFlow
+  log-likelihood (every derived quantity by autodiff);
 * :mod:`.registry`: :data:`MODELS`, :func:`make_model`, :func:`model_class`,
-  :func:`exact_posterior`.
+  :func:`register_model`, :func:`load_model_modules`, :func:`exact_posterior`.
+
+``MODELS`` and ``ALL_MODELS`` are read from the registry at each access (``models.MODELS``), so
+they include the models registered by plugins since (``from ... import MODELS`` binds the value
+of that moment).
 """
 
+from fedbayes_flwr.models import registry as _registry
 from fedbayes_flwr.models.ar1 import AR1StudentT
 from fedbayes_flwr.models.base import (
     FREE_ENERGY_SAMPLES,
@@ -23,6 +30,7 @@ from fedbayes_flwr.models.base import (
     Prediction,
 )
 from fedbayes_flwr.models.bnn import BNN, INIT_SEED, INIT_STD, BNNClassifier, BNNRegression, parse_hidden
+from fedbayes_flwr.models.likelihood import LikelihoodModel
 from fedbayes_flwr.models.linear import (
     GaussianMean,
     LinearRegression,
@@ -31,13 +39,21 @@ from fedbayes_flwr.models.linear import (
 )
 from fedbayes_flwr.models.mixture import MixtureLikelihood1D
 from fedbayes_flwr.models.registry import (
-    ALL_MODELS,
-    MODELS,
     STRUCTURED_MODELS,
     exact_posterior,
+    load_model_modules,
     make_model,
     model_class,
+    register_model,
 )
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``MODELS`` / ``ALL_MODELS``: the registry's current tuples (plugins included)."""
+    if name in ("MODELS", "ALL_MODELS"):
+        return getattr(_registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ALL_MODELS",
@@ -54,6 +70,7 @@ __all__ = [
     "BNNClassifier",
     "BNNRegression",
     "GaussianMean",
+    "LikelihoodModel",
     "LinearRegression",
     "LogisticHyperprior",
     "LogisticRegression",
@@ -61,7 +78,9 @@ __all__ = [
     "Model",
     "Prediction",
     "exact_posterior",
+    "load_model_modules",
     "make_model",
     "model_class",
     "parse_hidden",
+    "register_model",
 ]

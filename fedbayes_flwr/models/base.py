@@ -139,6 +139,10 @@ class Model:
         (numpy gradient and rate bounds for PDMC), or None when the model has none."""
         return None
 
+    def has_bounded_potential(self) -> bool:
+        """Whether :meth:`bounded_potential` is available (without building one): PDMC's check."""
+        return type(self).bounded_potential is not Model.bounded_potential
+
     def gradient_potential(self, x, y):
         """The rows' negative log-likelihood for gradient-based samplers (decentralized HMC):
         an object with numpy ``value``, ``grad`` and ``hess_quad`` over a batch of parameter
@@ -220,9 +224,11 @@ class Model:
                     value = data_scale * self.log_likelihood_tf(theta, x, y)
                     if prior_dist is not None:
                         value = value + self.log_prior_tf(theta, prior_dist)
-                # rows of theta are independent, so d(sum of values)/d theta is per-row
-                return value, tape.gradient(value, theta,
-                                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                # rows of theta are independent, so d(sum of values)/d theta is per-row; dense
+                # (a gradient through a row gather, e.g. tf.vectorized_map over one row, is
+                # IndexedSlices)
+                return value, tf.convert_to_tensor(tape.gradient(
+                    value, theta, unconnected_gradients=tf.UnconnectedGradients.ZERO))
 
             self._compiled["log_density"] = log_density
         return self._compiled["log_density"]
@@ -237,8 +243,8 @@ class Model:
                     tape.watch(theta)
                     value = self.log_prior_tf(theta, prior_dist)
                 # a piecewise-constant prior (a uniform) does not depend on theta: zero gradient
-                return value, tape.gradient(value, theta,
-                                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                return value, tf.convert_to_tensor(tape.gradient(
+                    value, theta, unconnected_gradients=tf.UnconnectedGradients.ZERO))
 
             self._compiled["log_prior"] = log_prior
         return self._compiled["log_prior"]

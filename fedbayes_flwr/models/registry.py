@@ -1,14 +1,24 @@
-"""The model registry: one line per model class.
+"""The model registry: one line per model class, plus the models that plugins register.
 
 Adding a model = one :class:`~fedbayes_flwr.models.base.Model` subclass (with ``name``, ``target``,
 ``synthetic``, ``deterministic_expectations``, ``log_likelihood_rows_tf`` and ``predictive``) and
 one entry in ``_CLASSES``; :data:`MODELS`, the CLI choices and the parametrised model tests follow.
+
+Code outside the package adds a model with :func:`register_model` (a class, a built model such as
+a :class:`~fedbayes_flwr.models.likelihood.LikelihoodModel`, or a factory), typically in a module
+named in the ``model-modules`` run-config key, which the CLI, both Flower apps and a resumed run
+import with :func:`load_model_modules` before they validate ``model``. :data:`MODELS` and
+:data:`ALL_MODELS` are rebound on each registration: read them as ``registry.MODELS`` (or
+``fedbayes_flwr.models.MODELS``) when the answer must include plugins registered later.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import threading
 
+from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
 from fedbayes_flwr.models.ar1 import AR1StudentT
@@ -36,10 +46,138 @@ STRUCTURED_MODELS: tuple[str, ...] = tuple(_STRUCTURED)
 ALL_MODELS: tuple[str, ...] = MODELS + STRUCTURED_MODELS
 
 
+_SOURCES: dict[str, object] = {}
+"""``{name: what register_model received}`` for the plugins' models (re-registration check)."""
+_BUILT: dict[str, Model] = {}
+"""The plugins' already-built models: :func:`make_model` returns them as they are."""
+_LOCK = threading.RLock()
+
+# The class attributes a model declares (module docstring of :mod:`fedbayes_flwr.models.base`).
+_DECLARED = ("target", "synthetic", "deterministic_expectations", "conjugate", "has_targets",
+             "task", "mean_field_only", "gaussian_prior", "support")
+
+
+def _own_class(name: str, model: Model) -> type[Model]:
+    """A subclass of ``type(model)`` declaring ``model``'s attributes at class level, so that
+    :func:`model_class` answers for a model configured per instance (a
+    :class:`~fedbayes_flwr.models.likelihood.LikelihoodModel`) as for a built-in class."""
+    attrs: dict[str, object] = {k: getattr(model, k) for k in _DECLARED}
+    attrs["name"] = name
+    attrs["__module__"] = type(model).__module__
+    attrs["__qualname__"] = type(model).__qualname__
+    return type(type(model).__name__, (type(model),), attrs)
+
+
+def register_model(name: str, model_or_factory) -> None:
+    """Register a model under ``name`` so that every run-config, the CLI and the parametrised
+    model tests accept it (:data:`MODELS`, :data:`ALL_MODELS`, :func:`model_class`,
+    :func:`make_model`).
+
+    Parameters
+    ----------
+    name : str
+        The run-config ``model`` value.
+    model_or_factory : Model subclass, Model or callable
+        A :class:`~fedbayes_flwr.models.base.Model` subclass (built with its ``build``), a built
+        model (returned as is: e.g. a :class:`~fedbayes_flwr.models.likelihood.LikelihoodModel`),
+        or a factory called like ``Model.build(noise_scale, hidden, num_outputs)`` that returns a
+        model (called once with the defaults here, to read the model's attributes).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is already registered for another model (built-in or plugin), or
+        ``model_or_factory`` is none of the above.
+
+    Notes
+    -----
+    Re-registering the same object under the same name is a no-op, so a plugin module may be
+    imported (or its registration run) more than once. A built model's name becomes ``name``;
+    its class is replaced by a subclass that declares its attributes (see :func:`model_class`).
+
+    References
+    ----------
+    The same contract as :func:`fedbayes_flwr.algorithms.registry.register` (plugins loaded by
+    the ``algorithm-modules`` key).
+    """
+    global MODELS, ALL_MODELS
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise ValueError(f"model name must be a non-empty string without surrounding blanks, "
+                         f"got {name!r}")
+    with _LOCK:
+        if name in _SOURCES and _SOURCES[name] is model_or_factory:
+            return
+        if name in _CLASSES or name in _STRUCTURED:
+            what = "a plugin" if name in _SOURCES else "the built-in"
+            owner = _CLASSES[name] if name in _CLASSES else _STRUCTURED[name]
+            raise ValueError(f"model {name!r} is already registered ({what} "
+                             f"{owner.__qualname__}); choose another name")
+        if isinstance(model_or_factory, type) and issubclass(model_or_factory, Model):
+            cls = model_or_factory
+        elif isinstance(model_or_factory, Model):
+            model = model_or_factory
+            taken = [n for n, m in _BUILT.items() if m is model]
+            if taken:
+                raise ValueError(f"model {name!r}: this model is already registered as "
+                                 f"{taken[0]!r}")
+            model.name = name
+            cls = _own_class(name, model)
+            model.__class__ = cls
+            _BUILT[name] = model
+        elif callable(model_or_factory):
+            factory = model_or_factory
+            sample = factory(1.0, (50,), 1)
+            if not isinstance(sample, Model):
+                raise ValueError(f"model {name!r}: the factory returned "
+                                 f"{type(sample).__name__}, not a Model")
+            base = _own_class(name, sample)
+
+            def build(_cls, noise_scale: float = 1.0, hidden: tuple[int, ...] = (50,),
+                      num_outputs: int = 1) -> Model:
+                model = factory(noise_scale, tuple(hidden), num_outputs)
+                model.name = name
+                model.__class__ = _cls
+                return model
+
+            cls = type(base.__name__, (base,), {"build": classmethod(build),
+                                                "__module__": base.__module__,
+                                                "__qualname__": base.__qualname__})
+        else:
+            raise ValueError(f"model {name!r}: expected a Model subclass, a Model or a factory, "
+                             f"got {type(model_or_factory).__name__}")
+        if cls is model_or_factory and cls.name != name:
+            raise ValueError(f"model {name!r}: class {cls.__qualname__} declares name "
+                             f"{cls.name!r}")
+        _CLASSES[name] = cls
+        _SOURCES[name] = model_or_factory
+        MODELS = tuple(_CLASSES)
+        ALL_MODELS = MODELS + STRUCTURED_MODELS
+        make_model.cache_clear()
+
+
+def load_model_modules(spec: str) -> None:
+    """Import the comma-separated plugin modules of the ``model-modules`` run-config key (each
+    registers its models with :func:`register_model` when imported).
+
+    Raises
+    ------
+    ConfigError
+        One line, ``model-modules: cannot import 'x' (...)``, for a module that cannot be
+        imported.
+    """
+    for module in (m.strip() for m in (spec or "").split(",")):
+        if not module:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"model-modules: cannot import {module!r} ({err})") from None
+
+
 def model_class(name: str) -> type[Model]:
     """The class registered as ``name`` (see :data:`MODELS`), without building it."""
     try:
-        return _CLASSES[name] if name in _CLASSES else _STRUCTURED[name]
+        return _CLASSES[name] if name in _CLASSES else _STRUCTURED[name]  # type: ignore[return-value]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ALL_MODELS)}") from None
 
@@ -50,8 +188,11 @@ def make_model(name: str, noise_scale: float = 1.0, hidden: tuple[int, ...] = (5
     """The model called ``name`` (see :data:`MODELS`); one shared instance per arguments, so the
     compiled local optimiser and log density are traced once per model, not once per call.
 
-    ``hidden`` (hidden-layer widths) and ``num_outputs`` (classes) apply to the BNN models only.
+    ``hidden`` (hidden-layer widths) and ``num_outputs`` (classes) apply to the BNN models only;
+    a plugin's built model (:func:`register_model`) is returned as it is.
     """
+    if name in _BUILT:
+        return _BUILT[name]
     return model_class(name).build(noise_scale, tuple(hidden), num_outputs)
 
 

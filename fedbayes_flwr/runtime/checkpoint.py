@@ -41,6 +41,7 @@ import numpy as np
 
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.inference.tree import is_namedtuple
+from fedbayes_flwr.models import load_model_modules
 from fedbayes_flwr.runtime.config import parse_run_config
 
 FILE = "checkpoint.npz"
@@ -207,8 +208,8 @@ def save(output_dir: str, ckpt: Checkpoint) -> str:
 def load(output_dir: str) -> Checkpoint:
     """Read the checkpoint of ``output_dir``; :class:`CheckpointError` names what is wrong.
 
-    The registry's bundles and the run's own ``algorithm-modules`` (which the resumed run
-    imports anyway) are loaded first, so the state types resolve."""
+    The registry's bundles and the run's own ``algorithm-modules`` and ``model-modules`` (which
+    the resumed run imports anyway) are loaded first, so the state types and the model resolve."""
     path = path_in(output_dir)
     if not os.path.isfile(path):
         where = repr(output_dir) if os.path.isabs(output_dir) else \
@@ -227,6 +228,7 @@ def load(output_dir: str) -> Checkpoint:
 
     registry.bundles()
     registry.load_modules(str(meta["run_config"].get("algorithm-modules", "")))
+    load_model_modules(str(meta["run_config"].get("model-modules", "")))
     structure = meta["structure"]
     return Checkpoint(meta["bundle"], meta["engine"], meta["run_config"], int(meta["update"]),
                       unflatten(structure["server_state"], arrays),

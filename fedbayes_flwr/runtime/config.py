@@ -26,7 +26,8 @@ from typing import Any
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.data import DATASETS, PARTITIONS, is_dataset_name
 from fedbayes_flwr.errors import ConfigError
-from fedbayes_flwr.models import ALL_MODELS, model_class, parse_hidden
+from fedbayes_flwr.models import load_model_modules, model_class, parse_hidden
+from fedbayes_flwr.models import registry as model_registry
 
 __all__ = ["ConfigError", "RunConfig", "KEYS", "parse_run_config", "parse_override_string",
            "parse_fault", "parse_faults", "straggler_ids", "section_items", "section_keys",
@@ -47,6 +48,7 @@ class RunConfig:
 
     algorithm: str = "pvi"
     algorithm_modules: str = ""
+    model_modules: str = ""
     model: str = "logistic-regression"
     dataset: str = "breast-cancer"
     data: str = ""
@@ -150,6 +152,7 @@ def parse_run_config(values: dict | None = None, base: RunConfig | None = None) 
     values = dict(values or {})
     modules = str(values.get("algorithm-modules", base.algorithm_modules))
     registry.load_modules(modules)
+    load_model_modules(str(values.get("model-modules", base.model_modules)))
     algorithm = str(values.get("algorithm", base.algorithm))
     entry = registry.get(algorithm)
     bundle = entry.bundle
@@ -259,8 +262,10 @@ def validate(c: RunConfig) -> None:
         if not ok:
             raise ConfigError(f"{key}: {msg}")
 
-    need(c.model in ALL_MODELS, "model",
-         f"unknown model {c.model!r}; choose one of {', '.join(ALL_MODELS)}")
+    known = model_registry.ALL_MODELS  # read now: plugins (model-modules) included
+    need(c.model in known, "model",
+         f"unknown model {c.model!r}; choose one of {', '.join(known)} (or load a plugin "
+         f"with model-modules)")
     bundle = registry.get(c.algorithm).bundle
     if getattr(model_class(c.model), "structured", False) and not bundle.structured_models:
         able = [e.name for e in registry.entries() if e.bundle.structured_models]

@@ -17,7 +17,7 @@ from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, ClientData, Setup
 from fedbayes_flwr.data import DataError, Dataset, load_dataset, partition_indices
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
-from fedbayes_flwr.models import Model, make_model, model_class, parse_hidden
+from fedbayes_flwr.models import Model, load_model_modules, make_model, model_class, parse_hidden
 from fedbayes_flwr.runtime.config import RunConfig, section_items
 
 
@@ -51,6 +51,7 @@ def build_experiment(config: RunConfig) -> Experiment:
     One client (``num-clients = 1``, e.g. ``global-vi``) holds every training row in order.
     """
     registry.load_modules(config.algorithm_modules)
+    load_model_modules(config.model_modules)
     registry.get(config.algorithm)  # an unknown name fails before any data is loaded
     cls = model_class(config.model)
     dataset = load_dataset(config.dataset, cls.target, synthetic=cls.synthetic, seed=config.seed,

@@ -42,6 +42,8 @@ def _bad_cases(tmp_path):
         (["--run-config", "pvi.no-such-key=1"], "unknown run-config key 'pvi.no-such-key'"),
         (["--run-config", "nosuch.damping=1"], "unknown run-config key 'nosuch.damping'"),
         (["--run-config", "algorithm-modules='no.such.module'"], "cannot import 'no.such.module'"),
+        (["--run-config", "model-modules='no.such.module'"],
+         "model-modules: cannot import 'no.such.module'"),
     ]
 
 
@@ -191,3 +193,13 @@ def test_algorithm_choices_in_the_help_come_from_the_registry(capsys):
         run_simulation.parse_args(["--help"])
     out = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at hyphens
     assert all(name in out for name in registry.names()) and "global-vi-federated" in out
+
+
+def test_model_choices_in_the_help_come_from_the_registry_and_plugins(capsys):
+    from fedbayes_flwr.models import registry
+
+    with pytest.raises(SystemExit):
+        run_simulation.parse_args(["--run-config", "model-modules='tests.helpers.user_models'",
+                                   "--help"])
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at hyphens
+    assert all(name in out for name in registry.ALL_MODELS) and "user-poisson" in out

@@ -2,7 +2,9 @@
 log density and gradient, per-datum gradients) checked against finite differences and scipy.
 
 Parametrised over :data:`fedbayes_flwr.models.MODELS`, which is derived from the registry, so a
-new model cannot escape these checks."""
+new model cannot escape these checks; the plugin models of :mod:`tests.helpers.user_models`
+(:class:`~fedbayes_flwr.models.LikelihoodModel` instances) are registered before collection, so
+they are checked here too."""
 
 from __future__ import annotations
 
@@ -13,14 +15,15 @@ from scipy.stats import multivariate_normal
 
 from fedbayes_flwr.data import load_dataset
 from fedbayes_flwr.inference import gaussian as G
-from fedbayes_flwr.models import MODELS, SYNTHETIC, TARGETS, Model, make_model, model_class
+from fedbayes_flwr.models import SYNTHETIC, TARGETS, Model, make_model, model_class
 from fedbayes_flwr.models import registry as R
+from tests.helpers import user_models  # noqa: F401  (registers the plugin models)
 
 NUM_FEATURES = 3
 EPS = np.finfo(np.float64).eps
 
 
-@pytest.fixture(scope="module", params=MODELS)
+@pytest.fixture(scope="module", params=R.MODELS)
 def case(request):
     """``(model, x, y)`` on small synthetic data matching the model's target."""
     cls = model_class(request.param)
@@ -49,7 +52,7 @@ def _tensors(x, y):
     return tf.constant(x, tf.float64), y_t
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", R.MODELS)
 def test_registry_and_declared_attributes(name):
     cls = model_class(name)
     model = make_model(name)
@@ -61,7 +64,7 @@ def test_registry_and_declared_attributes(name):
     # vi.py picks the deterministic path by this method; the flag must agree with it
     assert cls.deterministic_expectations == callable(getattr(cls, "expected_log_likelihood_tf",
                                                               None))
-    assert MODELS == tuple(R._CLASSES)
+    assert R.MODELS == tuple(R._CLASSES)
 
 
 def test_unknown_model_is_rejected():

@@ -54,7 +54,7 @@ from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import SamplePosterior, TracePosterior
 from fedbayes_flwr.inference.potentials import Quadratic, cached, from_natural
 from fedbayes_flwr.inference.sensitivity import clip_features
-from fedbayes_flwr.models import Model, make_model, model_class
+from fedbayes_flwr.models import make_model, model_class
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 TRAIN = "train"
@@ -139,10 +139,11 @@ class PDMCConfig:
         if getattr(model_class(run.model), "structured", False):
             return  # the generic check names the right family
         model = make_model(run.model, run.noise_scale)
-        if type(model).bounded_potential is Model.bounded_potential:
+        if not model.has_bounded_potential():
             raise ConfigError(f"model: PDMC needs rate bounds for the model's likelihood; "
                               f"{run.model!r} has none (gaussian-mean, logistic-regression, "
-                              f"ar1-student-t do)")
+                              f"ar1-student-t do; a LikelihoodModel needs rate_bound=, its "
+                              f"Hessian bounds)")
         if self.dp_epsilon > 0:
             try:
                 privacy.check_sampler(self.sampler)
