@@ -12,6 +12,8 @@ and :attr:`~Posterior.dim`; the rest has defaults built on those five:
 * :attr:`~Posterior.gaussian`: whether the posterior is exactly Gaussian, so that a model may use a
   quadrature on the Gaussian activation instead of averaging over draws.
 
+:func:`load_posterior` reads back what :meth:`~Posterior.save` wrote.
+
 :class:`GaussianPosterior` wraps a proper :class:`~fedbayes_flwr.inference.gaussian.NaturalGaussian` (PVI,
 global VI, Gaussian merging). :class:`SamplePosterior` wraps particles or MCMC draws, keeping the
 chain structure for ESS and R-hat. Models compute predictives and metrics from this interface only
@@ -30,7 +32,7 @@ from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
 
 __all__ = ["PREDICTIVE_SAMPLES", "PREDICTIVE_SEED", "GaussianPosterior", "Posterior",
-           "SamplePosterior", "TracePosterior", "StructuredPosterior"]
+           "SamplePosterior", "TracePosterior", "StructuredPosterior", "load_posterior"]
 
 PREDICTIVE_SAMPLES = 100
 PREDICTIVE_SEED = np.array([20240, 7], dtype=np.int32)
@@ -354,3 +356,71 @@ class StructuredPosterior(Posterior):
                   for name, block in expfam.blocks(self.params).items()
                   for field, value in zip(block._fields, block, strict=True)}
         _atomic_savez(path, mean=self.mean(), std=self.std(), **arrays)
+
+
+_MOMENT_KEYS = ("mean", "std")
+_SAMPLE_KEYS = ("mean", "std", "samples", "chains")
+
+
+def load_posterior(path: str | os.PathLike,
+                   template: StructuredPosterior | None = None) -> Posterior:
+    """Read back a posterior written by :meth:`Posterior.save` (a run's ``posterior.npz``).
+
+    The kind is told by the arrays the file holds: ``eta1``/``eta2`` give a
+    :class:`GaussianPosterior`; ``chains`` a :class:`SamplePosterior`, or a
+    :class:`TracePosterior` when other arrays (a skeleton, agents' iterates) are stored next to
+    them; ``<field>.<array>`` blocks a :class:`StructuredPosterior`, rebuilt on ``template``.
+    :meth:`~Posterior.mean` and :meth:`~Posterior.std` of the result are bitwise those of the
+    posterior that was saved: they are recomputed from the same float64 arrays.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npz`` file.
+    template : StructuredPosterior, optional
+        A structured posterior of the same model (e.g. the bundle's posterior of its initial
+        state): its NamedTuple structure and its ``vb`` model are reused. Needed for structured
+        files only.
+
+    Returns
+    -------
+    Posterior
+        The restored posterior.
+
+    Raises
+    ------
+    ValueError
+        The file holds none of these layouts, or a structured file comes without ``template``.
+
+    Notes
+    -----
+    A :class:`TracePosterior`'s work counters are not saved, so the restored one has none: its
+    :meth:`~TracePosterior.diagnostics` lack the ``ess_per_*`` entries (``result.json``'s
+    history keeps the diagnostics of every row).
+    """
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {key: np.asarray(npz[key]) for key in npz.files}
+    if "eta1" in arrays and "eta2" in arrays:
+        return GaussianPosterior(G.make(arrays["eta1"], arrays["eta2"]))
+    if "chains" in arrays:
+        extras = {k: v for k, v in arrays.items() if k not in _SAMPLE_KEYS}
+        if extras:
+            return TracePosterior(arrays["chains"], extras=extras, counts={})
+        return SamplePosterior(arrays["chains"])
+    blocks = {k for k in arrays if k not in _MOMENT_KEYS}
+    if blocks and all("." in k for k in blocks):
+        if template is None:
+            raise ValueError(f"{os.fspath(path)}: a structured posterior needs a template "
+                             "(the model's own NamedTuple of blocks)")
+        want = {f"{name}.{field}" for name, block in expfam.blocks(template.params).items()
+                for field in block._fields}
+        if want != blocks:
+            raise ValueError(f"{os.fspath(path)}: its blocks ({', '.join(sorted(blocks))}) are "
+                             f"not the template's ({', '.join(sorted(want))})")
+        restored = {name: block._make(arrays[f"{name}.{field}"] for field in block._fields)
+                    for name, block in expfam.blocks(template.params).items()}
+        params = (restored[""] if "" in restored
+                  else type(template.params)(**restored))
+        return StructuredPosterior(params, template.vb)
+    raise ValueError(f"{os.fspath(path)}: not a saved posterior (arrays: "
+                     f"{', '.join(sorted(arrays)) or 'none'})")
