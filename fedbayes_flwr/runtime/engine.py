@@ -27,6 +27,7 @@ import time
 
 from fedbayes_flwr.algorithms.base import Rejection, Round, failure_policy, round_seed
 from fedbayes_flwr.errors import RunStopped
+from fedbayes_flwr.inference.posterior import Posterior
 from fedbayes_flwr.inference.tree import payload_nbytes
 from fedbayes_flwr.runtime.checkpoint import check_client_count, check_fits, resumed
 from fedbayes_flwr.runtime.experiment import Experiment, build_experiment
@@ -227,6 +228,21 @@ def run_in_process(config, output_dir: str | None = None, progress: bool = True,
     stored run's directory, :func:`fedbayes_flwr.runtime.checkpoint.resumed`), continues the run it
     stores, up to ``config.num_rounds`` updates in all. Returns the ``result.json`` content.
     """
+    return run_in_process_with_posterior(config, output_dir, progress, resume)[0]
+
+
+def run_in_process_with_posterior(config, output_dir: str | None = None, progress: bool = True,
+                                  resume=None) -> tuple[dict, Posterior | None]:
+    """:func:`run_in_process`, returning also the posterior it wrote as ``posterior.npz``.
+
+    Returns
+    -------
+    result : dict
+        The ``result.json`` content.
+    posterior : Posterior or None
+        The posterior object of the last row (or of the state a stopped run ended in); ``None``
+        when the run recorded none.
+    """
 
     if resume is None:
         config, resume = resumed(config)
@@ -250,4 +266,4 @@ def run_in_process(config, output_dir: str | None = None, progress: bool = True,
     except Interrupted:
         recorder.interrupt()
     with open(os.path.join(recorder.output_dir, "result.json")) as f:
-        return json.load(f)
+        return json.load(f), recorder.posterior
