@@ -7,6 +7,7 @@ back from the files the run wrote.
 * ``posterior.sample(n, seed=...)`` is ``(n, d)`` and seeded; ``predict(x)`` is the model's
   predictive;
 * ``data`` as a dict of arrays and ``model`` as a Model object run in-process;
+* ``engine="deployment"`` (marked ``deployment``) gives the in-process posterior bitwise;
 * bad inputs are one-line ConfigErrors: an unknown engine, objects with a Flower engine, the
   Simulation Engine, a ``data`` dict with unknown arrays, a directory without a run;
 * ``import fedbayes_flwr`` does not import TensorFlow (the API is re-exported lazily).
@@ -181,3 +182,14 @@ def test_import_fedbayes_flwr_does_not_import_tensorflow():
             "callable(fedbayes_flwr.fit)]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, False, True]
+
+
+@pytest.mark.deployment  # starts a SuperLink and SuperNodes on 127.0.0.1 (about a minute)
+def test_the_deployment_engine_gives_the_in_process_posterior(tmp_path):
+    config = {"algorithm": "pvi", **LINEAR, "num-clients": 2}
+    local = fedbayes_flwr.fit({**config, "output-dir": str(tmp_path / "local")}, progress=False)
+    run = fedbayes_flwr.fit({**config, "output-dir": str(tmp_path / "dep")}, engine="deployment",
+                            progress=False)
+    assert run.outcome == "completed" and run.result["engine"] == "deployment"
+    np.testing.assert_array_equal(run.posterior.mean(), local.posterior.mean())
+    np.testing.assert_array_equal(run.posterior.std(), local.posterior.std())
