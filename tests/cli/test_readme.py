@@ -82,5 +82,5 @@ def test_readme_test_commands_select_tests():
         assert selected, args
         if "deployment" in args:  # only the deployment tests, and all of them are marked
             assert all(ln.split("::")[0].endswith(("test_deployment.py", "test_ray_cluster.py",
-                                                    "test_flwr_run.py", "test_resume.py",
+                                                    "test_flwr_run.py", "test_resume.py", "test_api.py",
                                                     "test_new_user.py")) for ln in selected), selected
