@@ -16,6 +16,7 @@ import numpy as np
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, ClientData, Setup
 from fedbayes_flwr.data import DataError, Dataset, load_dataset, partition_indices
+from fedbayes_flwr.data.base import as_x, as_y
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
 from fedbayes_flwr.models import Model, load_model_modules, make_model, model_class, parse_hidden
 from fedbayes_flwr.runtime.config import RunConfig, section_items
@@ -170,8 +171,6 @@ def as_arrays(data, where: str) -> dict:
 
 
 def _xy(x, y, target: str, key: str, where: str) -> tuple[np.ndarray, np.ndarray | None]:
-    from fedbayes_flwr.data.base import as_x, as_y
-
     x = as_x(np.asarray(x), f"x_{key}", where)
     if target == "none":
         return x, None
