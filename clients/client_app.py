@@ -8,7 +8,9 @@
   ``model-modules`` are imported the same way.
 
 ``app`` reads its settings from Flower's run config (``flwr run``); :func:`make_client_app` bakes
-explicit settings in, for ``flwr.simulation.run_simulation`` whose run config is empty.
+explicit settings in, for ``flwr.simulation.run_simulation`` whose run config is empty, and may
+give the node its own data (``load_data``) and a model object (``model``), for an app that uses
+none of the project's datasets: see :func:`make_client_app`.
 
 Node config (``flower-supernode --node-config``): ``partition-id``, ``num-partitions``, and the
 node-local ``data`` (its own data file), ``client-delay`` and ``cache-dir`` (a directory where the
@@ -28,15 +30,17 @@ _IMPORT_START = time.time()
 import json
 import os
 import sys
+import uuid
+from collections.abc import Callable
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.algorithms.base import CATEGORIES
-from fedbayes_flwr.models import load_model_modules
+from fedbayes_flwr.models import Model, load_model_modules, register_object
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.experiment import Experiment, build_experiment
+from fedbayes_flwr.runtime.experiment import Experiment, build_experiment, node_experiment
 
 from .handler import handle
 
@@ -52,9 +56,16 @@ class BundleClientApp(ClientApp):
     """A ClientApp that registers a handler for every bundle the registry knows, loading the
     run's plugin modules first."""
 
-    def __init__(self, overrides: dict | None = None):
+    def __init__(self, overrides: dict | None = None, *, model: Model | str | None = None,
+                 load_data: Callable[[Context], object] | None = None,
+                 num_classes: int | None = None):
         super().__init__()
         self.overrides = dict(overrides or {})
+        self.user_model = model
+        if model is not None:  # a Model object: registered here, again in each process
+            self.overrides["model"] = register_object(model)
+        self.load_data, self.num_classes = load_data, num_classes
+        self._token = uuid.uuid4().hex  # this app's node data in the process cache
         if self.overrides:  # an unknown key fails here, naming it
             parse_run_config(self.overrides)
         self.query("partition")(self._partition)
@@ -64,7 +75,19 @@ class BundleClientApp(ClientApp):
         return {**dict(context.run_config), **self.overrides}
 
     def experiment(self, context: Context, partition_id: int | None = None) -> Experiment:
+        if isinstance(self.user_model, Model):  # a fresh process (a Ray actor, a deployed message)
+            register_object(self.user_model, self.overrides["model"])
         config = parse_run_config(self._values(context))
+        if self.load_data is not None:
+            if partition_id is None:
+                partition_id = _partition_id(context)
+            key = (self._token, config, partition_id)
+            if key not in _NODE_DATA:  # load_data once per process and partition
+                while len(_NODE_DATA) >= 8:
+                    _NODE_DATA.pop(next(iter(_NODE_DATA)))
+                _NODE_DATA[key] = node_experiment(config, partition_id, self.load_data(context),
+                                                  self.num_classes)
+            return _NODE_DATA[key]
         # Node-local data path (deployment): a SuperNode may point at its own file.
         if "data" in context.node_config:
             config = config.replace(data=str(context.node_config["data"]))
@@ -112,6 +135,8 @@ class BundleClientApp(ClientApp):
 
 
 TIMING_LOG = "FEDBAYES_TIMING_LOG"
+# (app, run config, partition) -> the node's experiment over its load_data arrays
+_NODE_DATA: dict[tuple, Experiment] = {}
 
 
 def _process_start() -> float | None:
@@ -139,9 +164,39 @@ def _log_timing(message: Message, partition_id: int, call: float, start: float,
         f.write(json.dumps(row) + "\n")
 
 
-def make_client_app(overrides: dict | None = None) -> ClientApp:
-    """A ClientApp whose run config is ``context.run_config`` updated by ``overrides``."""
-    return BundleClientApp(overrides)
+def make_client_app(overrides: dict | None = None, *, model: Model | str | None = None,
+                    load_data: Callable[[Context], object] | None = None,
+                    num_classes: int | None = None) -> ClientApp:
+    """A ClientApp whose run config is ``context.run_config`` updated by ``overrides``.
+
+    Parameters
+    ----------
+    overrides : dict, optional
+        Run-config keys (``num-clients``, ``algorithm``, the algorithm's section...): give the
+        server (:func:`strategies.make_server_app`) the same ones, else the first request fails
+        with the differing keys (``experiment mismatch``).
+    model : str or fedbayes_flwr.models.Model, optional
+        A registered model name, or a model object: registered in every process the app runs
+        in under :func:`fedbayes_flwr.models.stable_name` (the server app computes the same
+        name from an equal object).
+    load_data : callable, optional
+        ``load_data(context) -> (x, y)`` or a dict of arrays (``x_train``, ``y_train``, optional
+        ``x_test``, ``y_test``; a node trains on ``x_train`` only): this node's own data (a
+        device's storage in deployment; in simulation, e.g. the partition
+        ``context.node_config["partition-id"]`` of a dataset). Called once per process and
+        partition (a deployed ClientApp is a new process per message: every message). Without
+        it the node builds its partition of the run config's ``dataset`` / ``data``.
+    num_classes : int, optional
+        Classes of a multi-class model (default: from the node's labels; give it when a node
+        may miss a class). The server needs the same.
+
+    Returns
+    -------
+    ClientApp
+        Answers ``query.partition`` with the node's ``partition-id`` (node config) and every
+        bundle's requests (:func:`clients.handle`).
+    """
+    return BundleClientApp(overrides, model=model, load_data=load_data, num_classes=num_classes)
 
 
 app = make_client_app()

@@ -1,7 +1,8 @@
 """The ServerApp: builds the experiment from the run config and runs the chosen bundle.
 
 ``app`` reads Flower's run config (``flwr run``); :func:`make_server_app` bakes explicit settings
-in, for ``flwr.simulation.run_simulation`` whose run config is empty. Any registered algorithm
+in, for ``flwr.simulation.run_simulation`` whose run config is empty, and serves nodes that hold
+their own data (``num_features``, ``test_data``: see :func:`make_server_app`). Any registered algorithm
 runs through :class:`strategies.base.BundleStrategy`; results go to ``output-dir`` as the run goes
 (``result.json``, ``posterior.npz``, plots), and a stopped run still writes them.
 """
@@ -9,6 +10,7 @@ runs through :class:`strategies.base.BundleStrategy`; results go to ``output-dir
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from logging import WARNING
 
 from flwr.app import Context
@@ -16,10 +18,11 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
-from fedbayes_flwr.errors import RunStopped
+from fedbayes_flwr.errors import ConfigError, RunStopped
+from fedbayes_flwr.models import Model, register_object
 from fedbayes_flwr.runtime.checkpoint import resumed
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.experiment import build_experiment
+from fedbayes_flwr.runtime.experiment import build_experiment, server_experiment
 from fedbayes_flwr.runtime.recorder import Recorder
 from fedbayes_flwr.runtime.steps import Interrupted
 
@@ -43,7 +46,10 @@ def engine_of(grid: Grid) -> str:
 
 
 def make_server_app(overrides: dict | None = None, engine: str | None = None,
-                    progress: bool = True) -> ServerApp:
+                    progress: bool = True, *, model: Model | str | None = None,
+                    num_features: int | None = None, test_data=None,
+                    num_classes: int | None = None, output_dir: str | None = None,
+                    on_record: Callable[[dict], None] | None = None) -> ServerApp:
     """A ServerApp whose run config is ``context.run_config`` updated by ``overrides``.
 
     A checkpoint is written to ``output-dir`` after every history row
@@ -52,19 +58,54 @@ def make_server_app(overrides: dict | None = None, engine: str | None = None,
     partition's client state, sent back to the nodes), in that directory
     (:func:`fedbayes_flwr.runtime.checkpoint.resumed`).
 
-    ``engine`` is what ``result.json`` records; ``None`` (the default) reads it off the Grid
-    (:func:`engine_of`).
-
-    ``overrides`` are checked now (an unknown key raises
-    :class:`fedbayes_flwr.errors.ConfigError` naming it), not when the run starts.
+    Parameters
+    ----------
+    overrides : dict, optional
+        Run-config keys; checked now (an unknown key raises
+        :class:`fedbayes_flwr.errors.ConfigError` naming it), not when the run starts. The
+        ClientApp needs the same experiment-defining keys (every key but ``data``,
+        ``client-delay``, ``output-dir`` and the server-only ones): each request carries them.
+    engine : str, optional
+        What ``result.json`` records; ``None`` (the default) reads it off the Grid
+        (:func:`engine_of`).
+    progress : bool
+        Show progress (a bar on a terminal, one line per row otherwise).
+    model : str or fedbayes_flwr.models.Model, optional
+        A registered model name or a model object (registered under
+        :func:`fedbayes_flwr.models.stable_name`, as the ClientApp does).
+    num_features : int, optional
+        For nodes that hold their own data (the ClientApp's ``load_data``): the columns of
+        their ``x``. The server then loads no dataset: it needs only this dimension and, for
+        test metrics, ``test_data``.
+    test_data : tuple, dict or callable, optional
+        With ``num_features``: the test set, ``(x, y)`` or a dict with ``x_test``, ``y_test``,
+        or ``fn(context)`` returning either. Without it the rows carry no test metrics.
+    num_classes : int, optional
+        With ``num_features``: classes of a multi-class model (default: from the test labels);
+        the nodes need the same.
+    output_dir : str, optional
+        Where ``result.json``, ``posterior.npz``, the plots and the checkpoint go (the
+        run-config key ``output-dir``).
+    on_record : callable, optional
+        ``on_record(row)`` with each history row (a dict, as ``result.json`` stores it), after
+        the files are written.
     """
     overrides = dict(overrides or {})
+    if model is not None:
+        overrides["model"] = register_object(model)
+    if output_dir is not None:
+        overrides["output-dir"] = output_dir
     if overrides:
         parse_run_config(overrides)
+    if num_features is None and (test_data is not None or num_classes is not None):
+        raise ConfigError("make_server_app: test_data and num_classes need num_features (the "
+                          "nodes' data dimension)")
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        if isinstance(model, Model):  # a fresh process: register the object here too
+            register_object(model, overrides["model"])
         config = parse_run_config({**dict(context.run_config), **overrides})
         for key, path in (("resume", config.resume), ("output-dir", config.output_dir)):
             if path and not os.path.isabs(path):  # under flwr run: the SuperLink's directory
@@ -72,7 +113,11 @@ def make_server_app(overrides: dict | None = None, engine: str | None = None,
                     "running this ServerApp); pass an absolute path", key, path,
                     os.path.abspath(path))
         config, ckpt = resumed(config)
-        exp = build_experiment(config)
+        if num_features is None:
+            exp = build_experiment(config)
+        else:
+            test = test_data(context) if callable(test_data) else test_data
+            exp = server_experiment(config, num_features, test, num_classes)
         strategy = strategy_for(exp)
         if ckpt is not None:
             strategy.resume(ckpt)
@@ -81,7 +126,9 @@ def make_server_app(overrides: dict | None = None, engine: str | None = None,
         strategy.on_checkpoint = recorder.checkpoint
 
         def record(update: int, arrays) -> None:
-            recorder.record(update, strategy.posterior, strategy.round_logs[update])
+            row = recorder.record(update, strategy.posterior, strategy.round_logs[update])
+            if on_record is not None:
+                on_record(row)
 
         try:
             strategy.start(grid, num_rounds=config.num_rounds, evaluate_fn=record)

@@ -45,6 +45,8 @@ from fedbayes_flwr.models.registry import (
     make_model,
     model_class,
     register_model,
+    register_object,
+    stable_name,
 )
 
 
@@ -83,4 +85,6 @@ __all__ = [
     "model_class",
     "parse_hidden",
     "register_model",
+    "register_object",
+    "stable_name",
 ]

@@ -15,8 +15,12 @@ import with :func:`load_model_modules` before they validate ``model``. :data:`MO
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import json
 import threading
+
+import numpy as np
 
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import gaussian as G
@@ -153,6 +157,63 @@ def register_model(name: str, model_or_factory) -> None:
         MODELS = tuple(_CLASSES)
         ALL_MODELS = MODELS + STRUCTURED_MODELS
         make_model.cache_clear()
+
+
+def _describe(value, depth: int = 0) -> object:
+    """A process-independent description of an attribute value (no addresses, no ids)."""
+    if isinstance(value, bool | int | float | str | type(None)):
+        return value
+    if isinstance(value, tuple | list) and depth < 3:
+        return [_describe(v, depth + 1) for v in value]
+    if isinstance(value, np.ndarray):
+        return [value.dtype.str, list(value.shape), hashlib.sha256(value.tobytes()).hexdigest()]
+    code = getattr(value, "__code__", None)
+    if code is not None:  # a function: where it is defined and what it does
+        consts = [c for c in code.co_consts if isinstance(c, bool | int | float | str)]
+        return [getattr(value, "__module__", ""), getattr(value, "__qualname__", ""),
+                code.co_code.hex(), consts, list(code.co_names)]
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _is_object(value) -> bool:
+    return not isinstance(value, bool | int | float | str | type(None) | tuple | list | np.ndarray) \
+        and getattr(value, "__code__", None) is None
+
+
+def stable_name(model: Model) -> str:
+    """A registry name for the model object ``model`` that every process building the same
+    model computes alike (two Flower apps, Ray actors, a SuperNode's per-message process).
+
+    Its registered name when ``model`` is registered already; else ``app-<class>-<digest>``, the
+    digest over the class, the model's ``name`` and its plain attributes (numbers, strings,
+    arrays, functions by module, qualified name and byte code; other objects by type only,
+    private ones not at all). Compute it before the model is first used (a cache attribute
+    that holds a number would change it), or pin a name of your own.
+    """
+    name = getattr(model, "name", "")
+    if _BUILT.get(name) is model:
+        return name
+    cls = type(model)
+    # private objects (caches such as compiled functions) may appear once the model is used
+    items = sorted((k, _describe(v)) for k, v in vars(model).items()
+                   if k != "name" and not (k.startswith("_") and _is_object(v)))
+    text = json.dumps([cls.__module__, cls.__qualname__, name, items], default=str)
+    return f"app-{cls.__name__.lower()}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def register_object(model: Model | str, name: str | None = None) -> str:
+    """Register the model object ``model`` under ``name`` (default :func:`stable_name`) in this
+    process, unless that name is registered already (a process building the same model again),
+    and return the name; a model name (a string) is returned as it is."""
+    if isinstance(model, str):
+        return model
+    if not isinstance(model, Model):
+        raise ConfigError(f"model: expected a model name or a Model, got {type(model).__name__}")
+    name = name or stable_name(model)
+    with _LOCK:
+        if name not in _SOURCES:  # else this or an equal object (same digest) is registered
+            register_model(name, model)
+    return name
 
 
 def load_model_modules(spec: str) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, ClientData, Setup
 from fedbayes_flwr.data import DataError, Dataset, load_dataset, partition_indices
+from fedbayes_flwr.data.base import as_x, as_y
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
 from fedbayes_flwr.models import Model, load_model_modules, make_model, model_class, parse_hidden
 from fedbayes_flwr.runtime.config import RunConfig, section_items
@@ -140,3 +141,127 @@ def mismatches(expected: dict, actual: dict) -> list[str]:
     """``"key: server X, this client Y"`` for every key of ``expected`` that differs."""
     return [f"{k}: server {expected[k]!r}, this client {actual.get(k, '<unset>')!r}"
             for k in sorted(expected) if actual.get(k) != expected[k]]
+
+
+# ------------------------------------------------------------------ experiments from arrays
+APP_DATA = "app-data"
+"""The dataset name recorded for data given as arrays (``load_data`` / ``test_data`` of the
+Flower apps, :func:`node_experiment` and :func:`server_experiment`)."""
+ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def as_arrays(data, where: str) -> dict:
+    """``(x, y)``, ``(x,)`` or a dict with keys of :data:`ARRAY_KEYS` as a dict of arrays.
+
+    Raises
+    ------
+    DataError
+        Neither form, or a dict with unknown keys or without ``x_train``.
+    """
+    if isinstance(data, Mapping):
+        unknown = sorted(set(map(str, data)) - set(ARRAY_KEYS))
+        if unknown or "x_train" not in data:
+            raise DataError(f"{where}: a dict needs 'x_train' and may hold {', '.join(ARRAY_KEYS)}"
+                            f"{'; unknown: ' + ', '.join(unknown) if unknown else ''}")
+        return {str(k): v for k, v in data.items() if v is not None}
+    if isinstance(data, tuple | list) and len(data) in (1, 2):
+        return {"x_train": data[0], **({"y_train": data[1]} if len(data) == 2 else {})}
+    raise DataError(f"{where}: expected (x, y) or a dict of arrays ({', '.join(ARRAY_KEYS)}), "
+                    f"got {type(data).__name__}")
+
+
+def _xy(x, y, target: str, key: str, where: str) -> tuple[np.ndarray, np.ndarray | None]:
+    x = as_x(np.asarray(x), f"x_{key}", where)
+    if target == "none":
+        return x, None
+    if y is None:
+        raise DataError(f"{where}: this model needs targets ('y_{key}')")
+    y = as_y(np.asarray(y), f"y_{key}", where, target)
+    if y.shape[0] != x.shape[0]:
+        raise DataError(f"{where}: 'y_{key}' has {y.shape[0]} rows but 'x_{key}' has "
+                        f"{x.shape[0]}")
+    return x, y
+
+
+def node_experiment(config: RunConfig, partition_id: int, data,
+                    classes: int | None = None) -> Experiment:
+    """The experiment of ``config`` as node ``partition_id`` sees it, over its own arrays.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run config both apps share (its ``num-clients`` partitions; its ``dataset`` key is
+        not read).
+    partition_id : int
+        This node's partition, in ``0..num-clients-1``.
+    data : tuple or dict
+        ``(x, y)`` (``(x,)`` for a model without targets) or a dict with ``x_train``,
+        ``y_train`` and optional ``x_test``, ``y_test`` (a node trains on ``x_train`` only).
+    classes : int, optional
+        Number of classes of a multi-class model; default: from this node's labels (give it
+        when a node may miss a class, else its parameter dimension differs from the server's).
+
+    Returns
+    -------
+    Experiment
+        This partition holds every row of ``data``; the other partitions and the test set are
+        empty. Model, prior and :class:`Setup` are those of :func:`server_experiment` with the
+        same ``config``, dimension and ``classes``.
+    """
+    if not 0 <= partition_id < config.num_clients:
+        raise ValueError(f"partition id {partition_id} outside 0..{config.num_clients - 1} "
+                         f"(num-clients {config.num_clients})")
+    arrays = as_arrays(data, f"load_data of partition {partition_id}")
+    target = model_class(config.model).target
+    x, y = _xy(arrays["x_train"], arrays.get("y_train"), target, "train",
+               f"load_data of partition {partition_id}")
+    dataset = Dataset(x, y, x[:0], None if y is None else y[:0], None, APP_DATA)
+    rows = np.arange(x.shape[0])
+    partitions = tuple(rows if k == partition_id else rows[:0] for k in range(config.num_clients))
+    return assemble(config, dataset, partitions, classes or _classes(y))
+
+
+def _classes(*labels) -> int:
+    """Classes of integer labels seen in ``labels`` (1 for real targets or no labels)."""
+    seen = [y for y in labels if y is not None and y.size and np.issubdtype(y.dtype, np.integer)]
+    return max(int(y.max()) + 1 for y in seen) if seen else 1
+
+
+def server_experiment(config: RunConfig, num_features: int, test=None,
+                      classes: int | None = None) -> Experiment:
+    """The experiment of ``config`` as a server over nodes' own data needs it.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run config both apps share.
+    num_features : int
+        Columns of every node's ``x`` (the parameter dimension follows from it).
+    test : tuple or dict, optional
+        The test set, ``(x, y)`` or a dict with ``x_test`` / ``y_test`` (or ``x_train`` /
+        ``y_train``); without it the history rows carry no test metrics.
+    classes : int, optional
+        Number of classes of a multi-class model; default: from the test labels.
+
+    Returns
+    -------
+    Experiment
+        No training rows (``num-clients`` empty partitions), the test set, and the model, prior
+        and :class:`Setup` every node builds with :func:`node_experiment`.
+    """
+    target = model_class(config.model).target
+    x = np.zeros((0, int(num_features)))
+    y = None if target == "none" else np.zeros(0, np.float64 if target == "real" else np.int64)
+    x_test, y_test = x, y
+    if test is not None:
+        if isinstance(test, Mapping) and "x_test" in test:
+            test = {"x_train": test["x_test"], "y_train": test.get("y_test")}
+        arrays = as_arrays(test, "test_data")
+        x_test, y_test = _xy(arrays["x_train"], arrays.get("y_train"), target, "test",
+                             "test_data")
+        if x_test.shape[1] != num_features:
+            raise DataError(f"test_data has {x_test.shape[1]} features, num_features is "
+                            f"{num_features}")
+    dataset = Dataset(x, y, x_test, y_test, None, APP_DATA)
+    partitions = tuple(np.arange(0) for _ in range(config.num_clients))
+    return assemble(config, dataset, partitions, classes or _classes(y_test))

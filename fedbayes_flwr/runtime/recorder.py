@@ -53,7 +53,8 @@ class Recorder:
         ``log`` is a :class:`fedbayes_flwr.runtime.steps.RoundLog` (the updates since the last row).
         """
         ds = self.exp.dataset
-        metrics, diagram = self.exp.model.metrics(posterior, ds.x_test, ds.y_test)
+        metrics, diagram = (self.exp.model.metrics(posterior, ds.x_test, ds.y_test)
+                            if len(ds.x_test) else ({}, None))  # no test set: no test metrics
         row = {"round": update, **metrics, **log.metrics,
                "bytes_down": log.bytes_down, "bytes_up": log.bytes_up,
                "elapsed_s": round(time.perf_counter() - self.t0, 4),
