@@ -331,6 +331,10 @@ class Model:
         value, grad = value.numpy(), grad.numpy()
         return (value[0], grad[0]) if single else (value, grad)
 
+    def _rows_at(self, theta, x, y):
+        """The ``(n,)`` per-row log-likelihoods at ONE parameter vector ``theta`` ``(P,)``."""
+        return self.log_likelihood_rows_tf(theta[None, :], x, y)[0]
+
     def _per_datum_fn(self):
         if "per_datum" not in self._compiled:
             import tensorflow as tf
@@ -339,7 +343,7 @@ class Model:
             def per_datum(theta, x, y):
                 with tf.GradientTape() as tape:
                     tape.watch(theta)
-                    rows = self.log_likelihood_rows_tf(theta[None, :], x, y)[0]
+                    rows = self._rows_at(theta, x, y)
                 return tape.jacobian(rows, theta)
 
             self._compiled["per_datum"] = per_datum
