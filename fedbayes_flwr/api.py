@@ -18,10 +18,8 @@ package re-exports :func:`fit`, :func:`load`, :class:`Run` and :class:`FittedPos
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,8 +28,7 @@ import numpy as np
 from fedbayes_flwr.deploy import run as deploy_run
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference.posterior import Posterior, StructuredPosterior, load_posterior
-from fedbayes_flwr.models import Model, make_model, register_model
-from fedbayes_flwr.models import registry as model_registry
+from fedbayes_flwr.models import Model, register_object
 from fedbayes_flwr.models.base import Prediction
 from fedbayes_flwr.runtime.config import RunConfig, parse_run_config
 from fedbayes_flwr.runtime.engine import run_in_process_with_posterior
@@ -46,7 +43,6 @@ DATA_KEYS = ("x_train", "y_train", "x_test", "y_test", "client_id")
 """The arrays a ``data`` dict may hold (the keys of a user ``.npz`` file)."""
 DATA_FILE = "data.npz"
 """Where :func:`fit` writes a ``data`` dict, under the output directory."""
-_names = itertools.count(1)
 
 
 class FittedPosterior:
@@ -176,8 +172,10 @@ def fit(config: Mapping[str, Any], *, engine: str = "in-process", progress: bool
     config : mapping
         The run config: the CLI's kebab-case keys (``README.md``, "Run-config keys"). With the
         in-process engine, ``model`` may be a :class:`~fedbayes_flwr.models.Model` instance
-        (registered with :func:`~fedbayes_flwr.models.register_model` under a generated name,
-        which becomes its ``name``; the same instance passed again keeps its name) and
+        (registered with :func:`~fedbayes_flwr.models.register_object` under its stable
+        ``app-<class>-<digest>`` name, which becomes its ``name``, as the Flower apps'
+        ``make_server_app(model=...)`` / ``make_client_app(model=...)`` register it; the same
+        instance passed again keeps its name) and
         ``data`` a dict of arrays with the keys of :data:`DATA_KEYS` (``x_train`` required;
         written to ``<output-dir>/data.npz``).
     engine : str
@@ -300,17 +298,13 @@ def _experiment_of(result: dict, output_dir: str):
 
 
 def _register(model: Model) -> str:
-    """The registry name of ``model``: its own if this very object is registered, else a new
-    generated one (``api-<class>-<n>-<hex>``)."""
-    name = getattr(model, "name", "")
-    if name in model_registry.ALL_MODELS and make_model(name) is model:
-        return name
-    new = f"api-{type(model).__name__.lower()}-{next(_names)}-{uuid.uuid4().hex[:6]}"
+    """The registry name of ``model`` (:func:`~fedbayes_flwr.models.registry.register_object`:
+    its own if this very object is registered, else the stable ``app-<class>-<digest>`` that
+    the Flower apps compute for the same model)."""
     try:
-        register_model(new, model)
+        return register_object(model)
     except ValueError as err:
         raise ConfigError(f"run-config key 'model': {err}") from None
-    return new
 
 
 def _write_data(data, output_dir: str) -> str:

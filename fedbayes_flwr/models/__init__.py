@@ -11,7 +11,8 @@
 * :mod:`.bnn`: ``bnn-classifier``, ``bnn-regression`` and :func:`parse_hidden`;
 * :mod:`.likelihood`: :class:`LikelihoodModel`, a model written as one TensorFlow
   log-likelihood (every derived quantity by autodiff);
-* :mod:`.registry`: :data:`MODELS`, :func:`make_model`, :func:`model_class`,
+* :mod:`.registry`: :func:`model_names` (``MODELS``, ``ALL_MODELS``), :func:`make_model`,
+  :func:`model_spec`,
   :func:`register_model`, :func:`load_model_modules`, :func:`exact_posterior`.
 
 ``MODELS`` and ``ALL_MODELS`` are read from the registry at each access (``models.MODELS``), so
@@ -43,7 +44,8 @@ from fedbayes_flwr.models.registry import (
     exact_posterior,
     load_model_modules,
     make_model,
-    model_class,
+    model_names,
+    model_spec,
     register_model,
     register_object,
     stable_name,
@@ -82,7 +84,8 @@ __all__ = [
     "exact_posterior",
     "load_model_modules",
     "make_model",
-    "model_class",
+    "model_names",
+    "model_spec",
     "parse_hidden",
     "register_model",
     "register_object",

@@ -2,14 +2,16 @@
 
 Adding a model = one :class:`~fedbayes_flwr.models.base.Model` subclass (with ``name``, ``target``,
 ``synthetic``, ``deterministic_expectations``, ``log_likelihood_rows_tf`` and ``predictive``) and
-one entry in ``_CLASSES``; :data:`MODELS`, the CLI choices and the parametrised model tests follow.
+one entry in ``_CLASSES``; :func:`model_names`, the CLI choices and the parametrised model tests
+follow.
 
 Code outside the package adds a model with :func:`register_model` (a class, a built model such as
 a :class:`~fedbayes_flwr.models.likelihood.LikelihoodModel`, or a factory), typically in a module
 named in the ``model-modules`` run-config key, which the CLI, both Flower apps and a resumed run
-import with :func:`load_model_modules` before they validate ``model``. :data:`MODELS` and
-:data:`ALL_MODELS` are rebound on each registration: read them as ``registry.MODELS`` (or
-``fedbayes_flwr.models.MODELS``) when the answer must include plugins registered later.
+import with :func:`load_model_modules` before they validate ``model``. ``MODELS`` and
+``ALL_MODELS`` (module attributes) are computed at each access by :func:`model_names`, so
+``registry.MODELS`` includes the plugins registered since (``from ... import MODELS`` binds the
+tuple of that moment).
 """
 
 from __future__ import annotations
@@ -42,40 +44,42 @@ _CLASSES: dict[str, type[Model]] = {
     for cls in (GaussianMean, LinearRegression, LogisticRegression, BNNClassifier, BNNRegression,
                 LogisticHyperprior, MixtureLikelihood1D, AR1StudentT)
 }
-MODELS: tuple[str, ...] = tuple(_CLASSES)
-"""The models over one parameter vector (every family runs them)."""
+"""The built-in models over one parameter vector, and the plugins' classes."""
 _STRUCTURED = {cls.name: cls for cls in STRUCTURED_CLASSES}
 STRUCTURED_MODELS: tuple[str, ...] = tuple(_STRUCTURED)
 """Mean-field exponential-family models with label symmetry (the AMPS family only)."""
-ALL_MODELS: tuple[str, ...] = MODELS + STRUCTURED_MODELS
-
 
 _SOURCES: dict[str, object] = {}
-"""``{name: what register_model received}`` for the plugins' models (re-registration check)."""
+"""``{name: what register_model received}`` for every plugin model (re-registration check)."""
 _BUILT: dict[str, Model] = {}
 """The plugins' already-built models: :func:`make_model` returns them as they are."""
+_FACTORIES: dict[str, tuple[object, Model]] = {}
+"""``{name: (factory, the model it built with the defaults)}`` for the plugins' factories."""
 _LOCK = threading.RLock()
 
-# The class attributes a model declares (module docstring of :mod:`fedbayes_flwr.models.base`).
-_DECLARED = ("target", "synthetic", "deterministic_expectations", "conjugate", "has_targets",
-             "task", "mean_field_only", "gaussian_prior", "support")
+
+def model_names(*, structured: bool = True) -> tuple[str, ...]:
+    """The registered model names, plugins included (as of this call): those over one
+    parameter vector (every family runs them), then with ``structured`` the
+    :data:`STRUCTURED_MODELS` (AMPS only)."""
+    with _LOCK:
+        flat = (*_CLASSES, *(n for n in _SOURCES if n not in _CLASSES))
+    return flat + STRUCTURED_MODELS if structured else flat
 
 
-def _own_class(name: str, model: Model) -> type[Model]:
-    """A subclass of ``type(model)`` declaring ``model``'s attributes at class level, so that
-    :func:`model_class` answers for a model configured per instance (a
-    :class:`~fedbayes_flwr.models.likelihood.LikelihoodModel`) as for a built-in class."""
-    attrs: dict[str, object] = {k: getattr(model, k) for k in _DECLARED}
-    attrs["name"] = name
-    attrs["__module__"] = type(model).__module__
-    attrs["__qualname__"] = type(model).__qualname__
-    return type(type(model).__name__, (type(model),), attrs)
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``MODELS`` (:func:`model_names` without the structured ones) and ``ALL_MODELS``, read
+    at each access, so that they include the plugins registered since."""
+    if name == "MODELS":
+        return model_names(structured=False)
+    if name == "ALL_MODELS":
+        return model_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_model(name: str, model_or_factory) -> None:
     """Register a model under ``name`` so that every run-config, the CLI and the parametrised
-    model tests accept it (:data:`MODELS`, :data:`ALL_MODELS`, :func:`model_class`,
-    :func:`make_model`).
+    model tests accept it (:func:`model_names`, :func:`model_spec`, :func:`make_model`).
 
     Parameters
     ----------
@@ -96,28 +100,31 @@ def register_model(name: str, model_or_factory) -> None:
     Notes
     -----
     Re-registering the same object under the same name is a no-op, so a plugin module may be
-    imported (or its registration run) more than once. A built model's name becomes ``name``;
-    its class is replaced by a subclass that declares its attributes (see :func:`model_class`).
+    imported (or its registration run) more than once. A built model's ``name`` attribute
+    becomes ``name``; nothing else about it changes.
 
     References
     ----------
     The same contract as :func:`fedbayes_flwr.algorithms.registry.register` (plugins loaded by
     the ``algorithm-modules`` key).
     """
-    global MODELS, ALL_MODELS
     if not isinstance(name, str) or not name or name != name.strip():
         raise ValueError(f"model name must be a non-empty string without surrounding blanks, "
                          f"got {name!r}")
     with _LOCK:
         if name in _SOURCES and _SOURCES[name] is model_or_factory:
             return
-        if name in _CLASSES or name in _STRUCTURED:
+        if name in _SOURCES or name in _CLASSES or name in _STRUCTURED:
             what = "a plugin" if name in _SOURCES else "the built-in"
-            owner = _CLASSES[name] if name in _CLASSES else _STRUCTURED[name]
-            raise ValueError(f"model {name!r} is already registered ({what} "
-                             f"{owner.__qualname__}); choose another name")
+            owner = _SOURCES.get(name) or _CLASSES.get(name) or _STRUCTURED[name]
+            label = getattr(owner, "__qualname__", type(owner).__qualname__)
+            raise ValueError(f"model {name!r} is already registered ({what} {label}); choose "
+                             f"another name")
         if isinstance(model_or_factory, type) and issubclass(model_or_factory, Model):
-            cls = model_or_factory
+            if model_or_factory.name != name:
+                raise ValueError(f"model {name!r}: class {model_or_factory.__qualname__} declares "
+                                 f"name {model_or_factory.name!r}")
+            _CLASSES[name] = model_or_factory
         elif isinstance(model_or_factory, Model):
             model = model_or_factory
             taken = [n for n, m in _BUILT.items() if m is model]
@@ -125,37 +132,18 @@ def register_model(name: str, model_or_factory) -> None:
                 raise ValueError(f"model {name!r}: this model is already registered as "
                                  f"{taken[0]!r}")
             model.name = name
-            cls = _own_class(name, model)
-            model.__class__ = cls
             _BUILT[name] = model
         elif callable(model_or_factory):
-            factory = model_or_factory
-            sample = factory(1.0, (50,), 1)
+            sample = model_or_factory(1.0, (50,), 1)
             if not isinstance(sample, Model):
                 raise ValueError(f"model {name!r}: the factory returned "
                                  f"{type(sample).__name__}, not a Model")
-            base = _own_class(name, sample)
-
-            def build(_cls, noise_scale: float = 1.0, hidden: tuple[int, ...] = (50,),
-                      num_outputs: int = 1) -> Model:
-                model = factory(noise_scale, tuple(hidden), num_outputs)
-                model.name = name
-                model.__class__ = _cls
-                return model
-
-            cls = type(base.__name__, (base,), {"build": classmethod(build),
-                                                "__module__": base.__module__,
-                                                "__qualname__": base.__qualname__})
+            sample.name = name
+            _FACTORIES[name] = (model_or_factory, sample)
         else:
             raise ValueError(f"model {name!r}: expected a Model subclass, a Model or a factory, "
                              f"got {type(model_or_factory).__name__}")
-        if cls is model_or_factory and cls.name != name:
-            raise ValueError(f"model {name!r}: class {cls.__qualname__} declares name "
-                             f"{cls.name!r}")
-        _CLASSES[name] = cls
         _SOURCES[name] = model_or_factory
-        MODELS = tuple(_CLASSES)
-        ALL_MODELS = MODELS + STRUCTURED_MODELS
         make_model.cache_clear()
 
 
@@ -235,12 +223,21 @@ def load_model_modules(spec: str) -> None:
             raise ConfigError(f"model-modules: cannot import {module!r} ({err})") from None
 
 
-def model_class(name: str) -> type[Model]:
-    """The class registered as ``name`` (see :data:`MODELS`), without building it."""
-    try:
-        return _CLASSES[name] if name in _CLASSES else _STRUCTURED[name]  # type: ignore[return-value]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ALL_MODELS)}") from None
+def model_spec(name: str) -> type[Model] | Model:
+    """What declares the attributes of the model registered as ``name`` (``target``,
+    ``synthetic``, ``task``, ...; see :mod:`fedbayes_flwr.models.base`), without building it:
+    its class, or for a plugin's built model (or factory) that model (the one built with the
+    defaults)."""
+    with _LOCK:
+        if name in _CLASSES:
+            return _CLASSES[name]
+        if name in _STRUCTURED:
+            return _STRUCTURED[name]  # type: ignore[return-value]
+        if name in _BUILT:
+            return _BUILT[name]
+        if name in _FACTORIES:
+            return _FACTORIES[name][1]
+    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
 
 
 @functools.cache
@@ -254,7 +251,16 @@ def make_model(name: str, noise_scale: float = 1.0, hidden: tuple[int, ...] = (5
     """
     if name in _BUILT:
         return _BUILT[name]
-    return model_class(name).build(noise_scale, tuple(hidden), num_outputs)
+    if name in _FACTORIES:
+        model = _FACTORIES[name][0](noise_scale, tuple(hidden), num_outputs)  # type: ignore[operator]
+        if not isinstance(model, Model):
+            raise ValueError(f"model {name!r}: the factory returned {type(model).__name__}, "
+                             f"not a Model")
+        model.name = name
+        return model
+    spec = model_spec(name)
+    assert isinstance(spec, type)
+    return spec.build(noise_scale, tuple(hidden), num_outputs)
 
 
 def exact_posterior(model: Model, prior: NaturalGaussian, x, y) -> NaturalGaussian:

@@ -26,7 +26,7 @@ from typing import Any
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.data import DATASETS, PARTITIONS, is_dataset_name
 from fedbayes_flwr.errors import ConfigError
-from fedbayes_flwr.models import load_model_modules, model_class, parse_hidden
+from fedbayes_flwr.models import load_model_modules, model_spec, parse_hidden
 from fedbayes_flwr.models import registry as model_registry
 
 __all__ = ["ConfigError", "RunConfig", "KEYS", "parse_run_config", "parse_override_string",
@@ -267,7 +267,7 @@ def validate(c: RunConfig) -> None:
          f"unknown model {c.model!r}; choose one of {', '.join(known)} (or load a plugin "
          f"with model-modules)")
     bundle = registry.get(c.algorithm).bundle
-    if getattr(model_class(c.model), "structured", False) and not bundle.structured_models:
+    if getattr(model_spec(c.model), "structured", False) and not bundle.structured_models:
         able = [e.name for e in registry.entries() if e.bundle.structured_models]
         raise ConfigError(f"model: {c.model!r} is a mean-field exponential-family model with label "
                           f"symmetry; run it with {_one_of(able)}, not {c.algorithm!r}")

@@ -18,7 +18,7 @@ from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, ClientData, Setup
 from fedbayes_flwr.data import DataError, Dataset, load_dataset, partition_indices
 from fedbayes_flwr.data.base import as_x, as_y
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
-from fedbayes_flwr.models import Model, load_model_modules, make_model, model_class, parse_hidden
+from fedbayes_flwr.models import Model, load_model_modules, make_model, model_spec, parse_hidden
 from fedbayes_flwr.runtime.config import RunConfig, section_items
 
 
@@ -54,7 +54,7 @@ def build_experiment(config: RunConfig) -> Experiment:
     registry.load_modules(config.algorithm_modules)
     load_model_modules(config.model_modules)
     registry.get(config.algorithm)  # an unknown name fails before any data is loaded
-    cls = model_class(config.model)
+    cls = model_spec(config.model)
     dataset = load_dataset(config.dataset, cls.target, synthetic=cls.synthetic, seed=config.seed,
                            test_fraction=config.test_fraction, data_file=config.data,
                            synthetic_size=config.synthetic_size,
@@ -212,7 +212,7 @@ def node_experiment(config: RunConfig, partition_id: int, data,
         raise ValueError(f"partition id {partition_id} outside 0..{config.num_clients - 1} "
                          f"(num-clients {config.num_clients})")
     arrays = as_arrays(data, f"load_data of partition {partition_id}")
-    target = model_class(config.model).target
+    target = model_spec(config.model).target
     x, y = _xy(arrays["x_train"], arrays.get("y_train"), target, "train",
                f"load_data of partition {partition_id}")
     dataset = Dataset(x, y, x[:0], None if y is None else y[:0], None, APP_DATA)
@@ -249,7 +249,7 @@ def server_experiment(config: RunConfig, num_features: int, test=None,
         No training rows (``num-clients`` empty partitions), the test set, and the model, prior
         and :class:`Setup` every node builds with :func:`node_experiment`.
     """
-    target = model_class(config.model).target
+    target = model_spec(config.model).target
     x = np.zeros((0, int(num_features)))
     y = None if target == "none" else np.zeros(0, np.float64 if target == "real" else np.int64)
     x_test, y_test = x, y

@@ -419,12 +419,12 @@ def test_vectorise_text_stems_only_with_nltk(monkeypatch):
 def test_hub_text_column_gives_lda_word_counts(corpus, tmp_path):
     from fedbayes_flwr.data.hub import load_hub_text
     from fedbayes_flwr.data.text import vectorise_text
-    from fedbayes_flwr.models.registry import model_class
+    from fedbayes_flwr.models.registry import model_spec
     from fedbayes_flwr.models.structured import LDAModel
 
     files, docs = corpus
     kwargs = _hub_kwargs(files, tmp_path)
-    assert model_class("lda").target == "none"
+    assert model_spec("lda").target == "none"
     dropped = (
         "hub dataset 'parquet': dropped 3 of 60 training documents and 2 of 20 test documents "
         "with no vocabulary word (empty, or only stop words, numbers or rare words)"

@@ -92,10 +92,11 @@ def test_register_model_is_idempotent_and_refuses_clashes():
     assert M.MODELS == R.MODELS  # read at access time, plugins included
     register_model("user-probit", U.PROBIT)  # the same object again: a no-op
     assert make_model("user-probit") is U.PROBIT
-    cls = R.model_class("user-probit")
-    assert type(U.PROBIT) is cls and cls.name == "user-probit"
+    cls = R.model_spec("user-probit")
+    assert cls is U.PROBIT and type(U.PROBIT) is LikelihoodModel  # no class swapped in
+    assert cls.name == "user-probit"
     assert (cls.target, cls.task, cls.synthetic) == ("binary", "classification", "logistic")
-    assert R.model_class("user-poisson").target == "real"
+    assert R.model_spec("user-poisson").target == "real"
     with pytest.raises(ValueError, match="'user-probit' is already registered"):
         register_model("user-probit", U.user_logistic())
     with pytest.raises(ValueError, match="'logistic-regression' is already registered"):

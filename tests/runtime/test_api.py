@@ -123,7 +123,7 @@ def test_a_model_object_runs_and_keeps_its_generated_name(tmp_path):
               "num-clients": 2, "num-rounds": 2}
     run = fedbayes_flwr.fit({**config, "output-dir": str(tmp_path / "a")}, progress=False)
     name = run.result["model"]
-    assert run.outcome == "completed" and name.startswith("api-") and model.name == name
+    assert run.outcome == "completed" and name.startswith("app-likelihoodmodel-") and model.name == name
     np.testing.assert_allclose(run.posterior.mean(), [1.0, -0.5, 0.25], atol=0.2)
     again = fedbayes_flwr.fit({**config, "output-dir": str(tmp_path / "b")}, progress=False)
     assert again.result["model"] == name  # the same object is not registered twice

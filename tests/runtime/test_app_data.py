@@ -80,3 +80,21 @@ def test_misuse_fails_in_one_line():
         node_experiment(config, 0, X)
     with pytest.raises(ValueError, match="partition id 2"):
         node_experiment(config, 2, (X, Y))
+
+
+def test_fit_and_the_apps_give_a_model_object_the_same_name(tmp_path):
+    """``fit(model=obj)`` and ``make_server_app(model=obj)`` name an object alike, and so does a
+    process that builds an equal object afresh (a Ray actor's ClientApp)."""
+    from fedbayes_flwr import fit
+    from tests.helpers.user_models import user_logistic
+
+    used, fresh = user_logistic("likelihood-model"), user_logistic("likelihood-model")
+    expected = stable_name(fresh)  # what another process computes for the same model
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 2))
+    data = {"x_train": x, "y_train": (x[:, 0] > 0).astype(float)}
+    run = fit({"algorithm": "pvi", "model": used, "data": data, "num-clients": 2,
+               "num-rounds": 1, "output-dir": str(tmp_path)}, progress=False)
+    assert run.result["model"] == used.name == expected
+    make_server_app({"num-clients": 2}, model=used, num_features=2)
+    assert register_object(used) == expected

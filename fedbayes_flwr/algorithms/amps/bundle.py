@@ -56,7 +56,7 @@ from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference.posterior import GaussianPosterior, StructuredPosterior
 from fedbayes_flwr.inference.vb.gaussian_vector import GaussianVector, to_natural
-from fedbayes_flwr.models import model_class
+from fedbayes_flwr.models import model_spec
 from fedbayes_flwr.seeds import numpy_rng
 
 VARIANTS = ("amps", "naive-merge", "local-only")
@@ -120,7 +120,7 @@ class AMPSConfig:
              f"must be >= 0 (0 = 1/K), got {self.doc_concentration}")
         need(self.topic_concentration > 0, "topic-concentration",
              f"must be > 0, got {self.topic_concentration}")
-        structured = getattr(model_class(run.model), "structured", False)
+        structured = getattr(model_spec(run.model), "structured", False)
         if not structured and run.model not in VECTOR_MODELS:
             raise ConfigError(f"model: AMPS runs the structured models (gmm, lda, "
                               f"latent-feature) and {', '.join(VECTOR_MODELS)}, not "

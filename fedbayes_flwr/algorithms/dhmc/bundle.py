@@ -81,7 +81,7 @@ from fedbayes_flwr.errors import ConfigError, RunStopped
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import SamplePosterior, TracePosterior
 from fedbayes_flwr.inference.potentials import cached, from_natural
-from fedbayes_flwr.models import make_model, model_class
+from fedbayes_flwr.models import make_model, model_spec
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 STEP = "train"
@@ -227,7 +227,7 @@ class DHMCConfig:
             make_graph(self.graph, run.num_clients, run.seed)
         except ValueError as err:
             raise ConfigError(f"dhmc.graph: {err}") from None
-        if getattr(model_class(run.model), "structured", False):
+        if getattr(model_spec(run.model), "structured", False):
             return
         model = make_model(run.model, run.noise_scale)
         if not model.has_gradient_potential():

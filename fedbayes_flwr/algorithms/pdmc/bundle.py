@@ -54,7 +54,7 @@ from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import SamplePosterior, TracePosterior
 from fedbayes_flwr.inference.potentials import Quadratic, cached, from_natural
 from fedbayes_flwr.inference.sensitivity import clip_features
-from fedbayes_flwr.models import make_model, model_class
+from fedbayes_flwr.models import make_model, model_spec
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 TRAIN = "train"
@@ -136,7 +136,7 @@ class PDMCConfig:
         need(0 <= self.dp_delta < 1, "dp-delta", f"must be in [0, 1), got {self.dp_delta}")
         need(self.dp_feature_clip > 0, "dp-feature-clip",
              f"must be > 0, got {self.dp_feature_clip}")
-        if getattr(model_class(run.model), "structured", False):
+        if getattr(model_spec(run.model), "structured", False):
             return  # the generic check names the right family
         model = make_model(run.model, run.noise_scale)
         if not model.has_bounded_potential():
