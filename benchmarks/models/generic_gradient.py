@@ -10,7 +10,8 @@ intercept), for the calls the families make:
   Monte-Carlo draws);
 * ``per_datum_grads`` for a batch of rows (SGLD, bounds);
 * ``gradient_potential``'s ``grad``, ``value`` and ``hess_quad`` over ``K`` rows (decentralized
-  HMC's numpy potential).
+  HMC's numpy potential), and its ``grad`` on the training rows tiled 10x and 100x (where the
+  fixed cost of a TensorFlow call stops dominating).
 
 Each call is made once to trace, then timed as the median of ``--repeats`` calls. The two models
 alternate call by call, so machine load affects both alike; the ratio (generic / built-in) is the
@@ -90,8 +91,24 @@ def main(argv=None) -> None:
         rows[name] = {"builtin_s": tb, "generic_s": tg, "ratio": tg / tb}
         print(f"{name:32s} built-in {tb * 1e3:8.3f} ms  generic {tg * 1e3:8.3f} ms  "
               f"ratio {tg / tb:6.2f}")
+    # the numpy potential by data size: TensorFlow's fixed per-call cost (~0.5 ms) against
+    # numpy's per-row cost; the training rows tiled 1x, 10x, 100x
+    by_rows = {}
+    for tiles in (1, 10, 100):
+        xt, yt = np.tile(x, (tiles, 1)), np.tile(y, tiles)
+        pb, pg = builtin.gradient_potential(xt, yt), generic.gradient_potential(xt, yt)
+        pb.grad(theta), pg.grad(theta)
+        got_b, got_g = [], []
+        for _ in range(max(repeats // tiles, 5)):
+            got_b += _timed(lambda p=pb: p.grad(theta), 1)
+            got_g += _timed(lambda p=pg: p.grad(theta), 1)
+        tb, tg = statistics.median(got_b), statistics.median(got_g)
+        by_rows[str(xt.shape[0])] = {"builtin_s": tb, "generic_s": tg, "ratio": tg / tb}
+        print(f"potential grad, {xt.shape[0]:6d} rows      built-in {tb * 1e3:8.3f} ms  generic "
+              f"{tg * 1e3:8.3f} ms  ratio {tg / tb:6.2f}")
     doc = {"benchmark": NAME, "rows": int(x.shape[0]), "param_dim": int(d),
-           "chains": args.chains, "repeats": repeats, "calls": rows, "machine": common.machine()}
+           "chains": args.chains, "repeats": repeats, "calls": rows,
+           "potential_grad_by_rows": by_rows, "machine": common.machine()}
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(results_dir, f"{NAME}.json"), "w") as f:
         json.dump(doc, f, indent=2)
