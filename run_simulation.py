@@ -293,9 +293,14 @@ def main(argv=None, reap: bool = False) -> int:
         start_reaper()
     with _stop_on_first_ctrl_c():
         if args.engine == "in-process":
+            from fedbayes_flwr.runtime.checkpoint import CheckpointError
             from fedbayes_flwr.runtime.engine import run_in_process
 
-            run_in_process(config, progress=not args.quiet, resume=ckpt)
+            try:
+                run_in_process(config, progress=not args.quiet, resume=ckpt)
+            except CheckpointError as err:  # the stored state does not fit the bundle
+                print(f"error: {err}", file=sys.stderr)
+                return 2
         elif args.engine == "deployment":
             code = run_deployment(config, progress=not args.quiet)
             if code is not None:

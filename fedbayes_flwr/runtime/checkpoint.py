@@ -30,23 +30,27 @@ The Flower side (asking nodes for their states, putting them back, versions) is
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import sys
 import warnings
+import zipfile
+import zlib
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from fedbayes_flwr.algorithms import registry
-from fedbayes_flwr.inference.tree import is_namedtuple
+from fedbayes_flwr.inference.tree import is_namedtuple, leaves, rebuild  # noqa: F401  (rebuild: tests)
 from fedbayes_flwr.models import load_model_modules
 from fedbayes_flwr.runtime.config import parse_run_config
 
 FILE = "checkpoint.npz"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _META = "__meta__"
+_DIGEST = "__sha256__"
 
 
 # Flower glue: the client-state exchange (query.<bundle> messages with these actions) and the
@@ -182,6 +186,16 @@ def path_in(output_dir: str) -> str:
     return os.path.join(output_dir, FILE)
 
 
+def _digest(meta_text: str, arrays) -> str:
+    """SHA-256 over the metadata JSON and every array (dtype, shape, bytes), in index order."""
+    h = hashlib.sha256(meta_text.encode())
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def save(output_dir: str, ckpt: Checkpoint) -> str:
     """Write ``ckpt`` to ``output_dir/checkpoint.npz`` atomically; returns the path."""
     arrays: list = []
@@ -192,7 +206,8 @@ def save(output_dir: str, ckpt: Checkpoint) -> str:
             "client_versions": [int(v) for v in ckpt.client_versions],
             "history": ckpt.history, "counters": ckpt.counters, "structure": structure}
     buffer = io.BytesIO()
-    members = {_META: np.array(json.dumps(meta, default=_json_default)),
+    text = json.dumps(meta, default=_json_default)
+    members = {_META: np.array(text), _DIGEST: np.array(_digest(text, arrays)),
                **{f"a{i}": a for i, a in enumerate(arrays)}}
     np.savez(buffer, **members)
     path = path_in(output_dir)
@@ -208,8 +223,12 @@ def save(output_dir: str, ckpt: Checkpoint) -> str:
 def load(output_dir: str) -> Checkpoint:
     """Read the checkpoint of ``output_dir``; :class:`CheckpointError` names what is wrong.
 
-    The registry's bundles and the run's own ``algorithm-modules`` and ``model-modules`` (which
-    the resumed run imports anyway) are loaded first, so the state types and the model resolve."""
+    The file is refused, in one line naming it, when it cannot be read (truncated, emptied, a
+    bad CRC), when its content digest (SHA-256 over the metadata and every array, written with
+    it) does not match, or when its parts disagree (:func:`_check_parts`: the update count, the
+    history rows, the client versions). The registry's bundles and the run's own
+    ``algorithm-modules`` and ``model-modules`` (which the resumed run imports anyway) are
+    loaded first, so the state types and the model resolve."""
     path = path_in(output_dir)
     if not os.path.isfile(path):
         where = repr(output_dir) if os.path.isabs(output_dir) else \
@@ -219,21 +238,60 @@ def load(output_dir: str) -> Checkpoint:
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-        meta = json.loads(str(arrays.pop(_META)))
-    except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"resume: cannot read {path} ({err})") from None
-    if meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"resume: {path} has format {meta.get('format')!r}, expected "
-                              f"{FORMAT_VERSION}")
-
+        text = str(arrays.pop(_META))
+        digest = str(arrays.pop(_DIGEST)) if _DIGEST in arrays else None
+        meta = json.loads(text)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise CheckpointError(f"resume: cannot read {path} ({type(err).__name__}: "
+                              f"{str(err) or 'empty'})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"resume: {path} has format {found!r}, expected {FORMAT_VERSION}")
+    ordered = [arrays.get(f"a{i}") for i in range(len(arrays))]
+    if digest is None or any(a is None for a in ordered) or _digest(text, ordered) != digest:
+        raise CheckpointError(f"resume: {path} does not match the content digest written with "
+                              f"it (the file was changed after the run wrote it)")
+    _check_parts(path, meta)
     registry.bundles()
     registry.load_modules(str(meta["run_config"].get("algorithm-modules", "")))
     load_model_modules(str(meta["run_config"].get("model-modules", "")))
     structure = meta["structure"]
+    try:
+        server_state = unflatten(structure["server_state"], arrays)
+        client_states = unflatten(structure["client_states"], arrays)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"resume: {path}: the stored state structure is broken "
+                              f"({type(err).__name__}: {err})") from None
     return Checkpoint(meta["bundle"], meta["engine"], meta["run_config"], int(meta["update"]),
-                      unflatten(structure["server_state"], arrays),
-                      unflatten(structure["client_states"], arrays),
-                      tuple(meta["client_versions"]), meta["history"], meta["counters"])
+                      server_state, client_states, tuple(meta["client_versions"]),
+                      meta["history"], meta["counters"])
+
+
+def _check_parts(path: str, meta: dict) -> None:
+    """Refuse a checkpoint whose parts disagree: ``update`` must be the last history row's
+    ``round`` (any ``update >= 0`` with no rows: a strategy checkpointed without a recorder),
+    the rows' rounds must increase, and there must be at most one client version per
+    partition."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"resume: {path}: {why}")
+
+    for key, kind in (("bundle", str), ("engine", str), ("run_config", dict), ("update", int),
+                      ("client_versions", list), ("history", list), ("counters", dict),
+                      ("structure", dict)):
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise bad(f"{key!r} is missing or not a {kind.__name__}")
+    rows = meta["history"]
+    if not all(isinstance(r, dict) and isinstance(r.get("round"), int) for r in rows):
+        raise bad("a history row has no integer 'round'")
+    rounds = [r["round"] for r in rows]
+    if any(b <= a for a, b in zip(rounds, rounds[1:], strict=False)):
+        raise bad(f"the history's rounds do not increase ({rounds[:10]}...)")
+    if meta["update"] < 0 or (rounds and meta["update"] != rounds[-1]):
+        raise bad(f"update {meta['update']} disagrees with the history (last recorded update "
+                  f"{rounds[-1] if rounds else 'none'})")
+    clients = meta["run_config"].get("num-clients")
+    if isinstance(clients, int) and len(meta["client_versions"]) > clients:
+        raise bad(f"{len(meta['client_versions'])} client versions for {clients} clients")
 
 
 def check_fits(ckpt: Checkpoint, bundle_name: str, template) -> None:
@@ -246,6 +304,17 @@ def check_fits(ckpt: Checkpoint, bundle_name: str, template) -> None:
         raise CheckpointError(f"resume: the checkpoint's server state is a "
                               f"{type(ckpt.server_state).__name__}, the bundle's a "
                               f"{type(template).__name__}")
+    stored = {k: np.shape(v) for k, v in leaves(ckpt.server_state)
+              if isinstance(v, np.ndarray | np.generic)}
+    wanted = {k: np.shape(v) for k, v in leaves(template)
+              if isinstance(v, np.ndarray | np.generic)}
+    # the leading axis may grow during a run (sample buffers); the others are the model's
+    wrong = [f"{k}: {stored[k]} (expected (..., {', '.join(map(str, shape[1:]))}))"
+             for k, shape in wanted.items()
+             if k in stored and (len(stored[k]) != len(shape) or stored[k][1:] != shape[1:])]
+    if wrong:
+        raise CheckpointError(f"resume: the checkpoint's server state has the wrong shapes "
+                              f"({'; '.join(wrong[:3])})")
 
 
 def check_client_count(ckpt: Checkpoint, num_clients: int) -> None:
