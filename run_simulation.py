@@ -251,6 +251,29 @@ def _silenced_stderr_fd():
         os.close(devnull)
 
 
+def _run_engine(args, config, overrides, exp, ckpt) -> int | None:
+    """Run the chosen engine; an exit status when it ends the CLI early, else ``None``."""
+    with _stop_on_first_ctrl_c():
+        if args.engine == "in-process":
+            from fedbayes_flwr.runtime.checkpoint import CheckpointError
+            from fedbayes_flwr.runtime.engine import run_in_process
+
+            try:
+                run_in_process(config, progress=not args.quiet, resume=ckpt)
+            except CheckpointError as err:  # the stored state does not fit the bundle
+                print(f"error: {err}", file=sys.stderr)
+                return 2
+        elif args.engine == "deployment":
+            code = run_deployment(config, progress=not args.quiet)
+            if code is not None:
+                return code
+        else:
+            run_flower_simulation(overrides, exp.num_clients, args.num_cpus_per_client,
+                                  progress=not args.quiet, num_gpus=args.num_gpus_per_client,
+                                  ray_address=args.ray_address)
+    return None
+
+
 def main(argv=None, reap: bool = False) -> int:
     """The CLI. ``reap`` (the script entry point) starts
     :func:`fedbayes_flwr.deploy.watchdog.start_reaper` for the engines that start processes."""
@@ -291,24 +314,20 @@ def main(argv=None, reap: bool = False) -> int:
         from fedbayes_flwr.deploy.watchdog import start_reaper
 
         start_reaper()
-    with _stop_on_first_ctrl_c():
-        if args.engine == "in-process":
-            from fedbayes_flwr.runtime.checkpoint import CheckpointError
-            from fedbayes_flwr.runtime.engine import run_in_process
+    from fedbayes_flwr.runtime.lock import OutputDirBusy, output_dir_lock
 
-            try:
-                run_in_process(config, progress=not args.quiet, resume=ckpt)
-            except CheckpointError as err:  # the stored state does not fit the bundle
-                print(f"error: {err}", file=sys.stderr)
-                return 2
-        elif args.engine == "deployment":
-            code = run_deployment(config, progress=not args.quiet)
-            if code is not None:
-                return code
-        else:
-            run_flower_simulation(overrides, exp.num_clients, args.num_cpus_per_client,
-                                  progress=not args.quiet, num_gpus=args.num_gpus_per_client,
-                                  ray_address=args.ray_address)
+    held = output_dir_lock(config.output_dir)  # one run per output directory
+    try:
+        held.__enter__()
+    except OutputDirBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        code = _run_engine(args, config, overrides, exp, ckpt)
+    finally:
+        held.__exit__(None, None, None)
+    if code is not None:
+        return code
     result_file = os.path.join(config.output_dir, "result.json")
     if not os.path.exists(result_file):
         print(f"error: the run wrote no {result_file} (see the log above)", file=sys.stderr)

@@ -33,6 +33,7 @@ from fedbayes_flwr.models.base import Prediction
 from fedbayes_flwr.runtime.config import RunConfig, parse_run_config
 from fedbayes_flwr.runtime.engine import run_in_process_with_posterior
 from fedbayes_flwr.runtime.experiment import Experiment, build_experiment
+from fedbayes_flwr.runtime.lock import output_dir_lock
 from fedbayes_flwr.seeds import derive_seed
 
 __all__ = ["ENGINES", "DATA_KEYS", "DATA_FILE", "FittedPosterior", "Run", "fit", "load"]
@@ -197,7 +198,8 @@ def fit(config: Mapping[str, Any], *, engine: str = "in-process", progress: bool
     ------
     ConfigError
         One line: an unknown engine or key, a bad value, objects given to a Flower engine, a
-        ``data`` dict with unknown keys.
+        ``data`` dict with unknown keys; :class:`~fedbayes_flwr.runtime.lock.OutputDirBusy`
+        when another live run holds ``output-dir`` (:mod:`fedbayes_flwr.runtime.lock`).
     """
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES[:2])}")
@@ -217,13 +219,14 @@ def fit(config: Mapping[str, Any], *, engine: str = "in-process", progress: bool
     elif "model" in values and not isinstance(values["model"], str):
         raise ConfigError(f"run-config key 'model': expected a model name or a Model, got "
                           f"{type(values['model']).__name__}")
-    if "data" in values and not isinstance(values["data"], str):
-        values["data"] = _write_data(values["data"], output_dir)
-    run_config = parse_run_config(values)
-    if engine == "deployment":
-        deploy_run.run_deployment(run_config.to_run_config(), progress=progress)
-        return load(output_dir)
-    result, posterior = run_in_process_with_posterior(run_config, progress=progress)
+    with output_dir_lock(output_dir):  # one run per output directory (OutputDirBusy)
+        if "data" in values and not isinstance(values["data"], str):
+            values["data"] = _write_data(values["data"], output_dir)
+        run_config = parse_run_config(values)
+        if engine == "deployment":
+            deploy_run.run_deployment(run_config.to_run_config(), progress=progress)
+            return load(output_dir)
+        result, posterior = run_in_process_with_posterior(run_config, progress=progress)
     return _run(result, output_dir, posterior, lambda: build_experiment(run_config))
 
 
