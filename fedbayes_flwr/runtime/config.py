@@ -7,8 +7,9 @@ keys live in ``[tool.flwr.app.config.<bundle>]``, which Flower flattens to dotte
 
 * a common key sets a :class:`RunConfig` field;
 * ``<bundle>.<key>`` sets the chosen algorithm's section (a preset such as ``bcm-split`` uses its
-  bundle's section, ``pvi``); keys of another registered bundle's section are checked and
-  ignored (``flwr run`` passes every section of ``pyproject.toml``);
+  bundle's section, ``pvi``); a key of another registered bundle's section is ignored at its
+  default value (``flwr run`` passes every section of ``pyproject.toml``) and refused at any
+  other (it would have no effect);
 * a bare key that is not common resolves to the chosen algorithm's section (``damping=0.5``
   with ``algorithm=pvi`` is ``pvi.damping``);
 * anything else raises :class:`ConfigError` with one line naming the key and the known ones.
@@ -146,8 +147,29 @@ def _unknown(key: str, section_prefix: str, config_class) -> ConfigError:
     return ConfigError(f"unknown run-config key {key!r}; known keys: {', '.join(known)}")
 
 
+def _foreign(key: str, value, prefix: str, sub: str, algorithm: str, other) -> ConfigError | None:
+    """``None`` when ``prefix.sub = value`` is another bundle's section key at its declared
+    default (what ``flwr run`` passes from ``pyproject.toml``), else the one-line error naming
+    the section and the algorithms that use it."""
+    default = getattr(other.config_class(), sub.replace("-", "_"))
+    try:
+        if _coerce(key, value, default) == default:
+            return None
+    except ConfigError:
+        pass
+    users = [e.name for e in registry.entries() if e.bundle.name == prefix]
+    return ConfigError(f"run-config key {key!r}: section {prefix!r} is not used by algorithm "
+                       f"{algorithm!r} (it is used by {', '.join(users)}); drop the key or choose "
+                       f"one of those algorithms")
+
+
 def parse_run_config(values: dict | None = None, base: RunConfig | None = None) -> RunConfig:
-    """Build and validate a :class:`RunConfig` from kebab-case ``values`` over ``base``."""
+    """Build and validate a :class:`RunConfig` from kebab-case ``values`` over ``base``.
+
+    A key of another algorithm's section is accepted only at its declared default (``flwr
+    run`` passes every section of ``pyproject.toml``, whose values are the defaults); any other
+    value is a :class:`ConfigError` naming the section and the algorithms that use it (the
+    key would be silently unused)."""
     base = base or RunConfig()
     values = dict(values or {})
     modules = str(values.get("algorithm-modules", base.algorithm_modules))
@@ -169,7 +191,10 @@ def parse_run_config(values: dict | None = None, base: RunConfig | None = None) 
         prefix, _, sub = key.rpartition(".")
         if prefix and prefix != bundle.name:
             if prefix in others and sub in section_keys(others[prefix].config_class):
-                continue  # another algorithm's section (flwr run passes all of pyproject)
+                err = _foreign(key, value, prefix, sub, algorithm, others[prefix])
+                if err is None:
+                    continue  # another algorithm's default (flwr run passes all of pyproject)
+                raise err
             raise _unknown(key, bundle.name, config_class)
         if sub not in section_keys(config_class):
             raise _unknown(key, bundle.name, config_class)

@@ -203,3 +203,20 @@ def test_model_choices_in_the_help_come_from_the_registry_and_plugins(capsys):
                                    "--help"])
     out = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at hyphens
     assert all(name in out for name in registry.ALL_MODELS) and "user-poisson" in out
+
+
+def test_a_key_of_a_section_the_run_does_not_use_is_refused(capsys):
+    """``--algorithm pvi --run-config dsvgd.num-particles=5`` would have no effect: refused,
+    naming the section and its algorithms; the pyproject default of that key (what ``flwr run``
+    passes for every section) stays accepted (issue 32, row 8)."""
+    from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+
+    with pytest.raises(ConfigError, match=r"section 'dsvgd' is not used by algorithm 'pvi' "
+                                          r"\(it is used by dsvgd"):
+        parse_run_config({"algorithm": "pvi", "dsvgd.num-particles": 5})
+    default = parse_run_config({"algorithm": "dsvgd"}).section.num_particles
+    assert parse_run_config({"algorithm": "pvi", "dsvgd.num-particles": default})
+    code = run_simulation.main(["--engine", "in-process", "--algorithm", "pvi",
+                                "--run-config", "dsvgd.num-particles=5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "section 'dsvgd' is not used" in err[0]
