@@ -198,6 +198,11 @@ def as_x(arr: np.ndarray, key: str, where: str) -> np.ndarray:
     return f64(x)
 
 
+MAX_CLASSES = 100_000
+"""The largest number of classes a multiclass target may have (a label is a class index: one of
+``1e20`` would ask for a softmax of ``1e20`` outputs, and wrap when cast to int64)."""
+
+
 def as_y(arr: np.ndarray, key: str, where: str, target: str) -> np.ndarray:
     """Targets as 1-D arrays of kind `target` (not ``"none"``), labels checked."""
     y = as_float_array(arr, key, where)
@@ -209,7 +214,8 @@ def as_y(arr: np.ndarray, key: str, where: str, target: str) -> np.ndarray:
         _check_labels(y[(y != 0) & (y != 1)], key, where, "0 or 1")
         return i64(y)
     if target == "multiclass":
-        _check_labels(y[(y < 0) | (y != np.floor(y))], key, where, "integers >= 0")
+        _check_labels(y[(y < 0) | (y != np.floor(y)) | (y >= MAX_CLASSES)], key, where,
+                      f"integers in [0, {MAX_CLASSES}) (class indices)")
         return i64(y)
     return f64(y)
 

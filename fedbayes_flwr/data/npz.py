@@ -103,6 +103,9 @@ def load_npz(path: str, target: str, *, seed: int, test_fraction: float) -> Data
             )
         if cid.size and cid.min() < 0:
             raise DataError(f"{where}: key 'client_id' must be >= 0, found {int(cid.min())}")
+        if cid.size and int(cid.max()) > np.iinfo(np.int64).max:  # a uint64 would wrap negative
+            raise DataError(f"{where}: key 'client_id' must fit in int64 (<= 2**63 - 1), found "
+                            f"{int(cid.max())}")
         client_id = i64(cid)
 
     has_xt, has_yt = "x_test" in arrays, "y_test" in arrays

@@ -469,12 +469,12 @@ _Y01 = np.array([0, 1, 0, 1, 0, 1])
         (
             "bnn-classifier",
             {"x_train": _X, "y_train": np.array([0, 1, -2, 3, 2.5, -2])},
-            r"y_train' labels must be integers >= 0, found \[-2, 2.5\]",
+            r"y_train' labels must be integers in \[0, 100000\) \(class indices\), found \[-2, 2.5\]",
         ),
         (
             "bnn-classifier",
             {"x_train": _X, "y_train": np.arange(6), "x_test": _X, "y_test": np.full(6, 0.5)},
-            r"y_test' labels must be integers >= 0, found \[0.5\]",
+            r"y_test' labels must be integers in \[0, 100000\) \(class indices\), found \[0.5\]",
         ),
         ("bnn-classifier", {"x_train": _X}, "y_train' is required: this model needs class labels"),
         ("bnn-regression", {"x_train": _X}, "y_train' is required: this model needs real-valued targets"),
@@ -629,3 +629,20 @@ def test_partition_errors(cancer):
 def test_single_client(cancer):
     for scheme in ("iid", "dirichlet"):
         _check_cover(partition_indices(cancer, 1, scheme), cancer.x_train.shape[0], 1)
+
+
+def test_labels_and_ids_that_would_wrap_are_refused(tmp_path):
+    """A class label of 1e20 (multiclass) and a uint64 client id of 2**63 + 5 would wrap when
+    cast to int64 (INT64_MIN, a negative id): refused in one line (issue 32, row 5)."""
+    x = np.ones((10, 2))
+    y = np.zeros(10)
+    y[3] = 1e20
+    path = _write(tmp_path, x_train=x, y_train=y, x_test=x, y_test=np.zeros(10))
+    with pytest.raises(DataError, match=r"labels must be integers in \[0, 100000\).*1000000"):
+        load_dataset("x", "multiclass", data_file=path, seed=0)
+    cid = np.zeros(10, dtype=np.uint64)
+    cid[0] = np.uint64(2**63 + 5)
+    path = _write(tmp_path, x_train=x, y_train=np.zeros(10), x_test=x, y_test=np.zeros(10),
+                  client_id=cid)
+    with pytest.raises(DataError, match=r"'client_id' must fit in int64.*9223372036854775813"):
+        load_dataset("x", "binary", data_file=path, seed=0)
