@@ -204,3 +204,14 @@ def test_cycling_fixed_point_iterations_warn():
         warnings.simplefilter("error", FixedPointWarning)
         list(iterate_in_process(build_experiment(parse_run_config(
             {**keys, "local-damping": 0.5, "fixed-point-iterations": 60}))))
+
+
+@pytest.mark.parametrize("key, value", [("pvi.damping", 1e-300), ("pvi.server-damping", 1e-300),
+                                        ("pvi.local-damping", 1e-9)])
+def test_a_damping_too_small_to_move_is_refused(key, value):
+    """``damping=1e-300`` used to "complete" at the prior (issue 32, row 9)."""
+    from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+
+    with pytest.raises(ConfigError, match="below the floor 1e-06"):
+        parse_run_config({"algorithm": "pvi", key: value})
+    parse_run_config({"algorithm": "pvi", key: 1e-6})  # the floor itself is accepted

@@ -31,6 +31,9 @@ COVARIANCES = ("auto", "full", "diag")
 
 
 ACCELERATIONS = ("none", "anderson")
+DAMPING_FLOOR = 1e-6
+"""The smallest damping (and ``damping * server-damping``) accepted: an update moves the factors
+that fraction of the way, so below it a run of any practical length stays at the prior."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,13 @@ class PVIConfig:
         for key, value in (("damping", self.rho), ("server-damping", self.server_damping),
                            ("local-damping", self.local_damping)):
             need(0 < value <= 1, key, f"must be in (0, 1], got {value}")
+            need(value >= DAMPING_FLOOR, key,
+                 f"{value:g} is below the floor {DAMPING_FLOOR:g}: an update moves the factors a "
+                 f"fraction {value:g} of the way, so {int(0.1 / DAMPING_FLOOR):,} updates would "
+                 f"move them less than 10% (the run could not move)")
+        need(self.rho * self.server_damping >= DAMPING_FLOOR, "server-damping",
+             f"damping * server-damping = {self.rho * self.server_damping:g} is below the floor "
+             f"{DAMPING_FLOOR:g} (the run could not move)")
         need(self.acceleration in ACCELERATIONS, "acceleration",
              f"unknown acceleration {self.acceleration!r}; choose one of "
              f"{', '.join(ACCELERATIONS)}")
