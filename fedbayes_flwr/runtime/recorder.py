@@ -102,6 +102,18 @@ class Recorder:
             self.exp.bundle.name, self.engine, self.exp.config.to_run_config(), update,
             server_state, tuple(client_states), tuple(client_versions), history, counters))
 
+    def _warn_time_limit(self) -> None:
+        """One line: the wall-clock cap ended the run, with what a sampler reached by then."""
+        c = self.exp.config
+        got = self.history[-1].get("diagnostics", {}) if self.history else {}
+        reached = ""
+        if "ess_min" in got:
+            target = getattr(c.section, "target_ess", None)
+            reached = (f": min ESS {got['ess_min']:.0f}" + (f" of {target:g}" if target else "")
+                       + f", max R-hat {got.get('rhat_max', float('nan')):.3f}")
+        print(f"warning: the time limit (max-seconds {c.max_seconds:g}) ended the run before its "
+              f"stopping rule{reached}", file=sys.stderr, flush=True)
+
     def _write(self) -> None:
         c = self.exp.config
         posterior_file = "posterior.npz"
@@ -152,6 +164,8 @@ class Recorder:
             print(f"error: {self.reason}", file=sys.stderr, flush=True)
         elif self.outcome == "running":
             self.outcome = "completed"
+        if self.outcome == "time-limit":
+            self._warn_time_limit()
         self._write()
         if not self.history:
             return None

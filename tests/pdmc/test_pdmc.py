@@ -225,3 +225,17 @@ def test_differential_privacy_refusals_and_report(tmp_path):
     assert row["dp_releases_per_worker"] == releases
     assert row["dp_epsilon_total"] == pytest.approx(releases * 1.0, rel=1e-9)
     assert row["grad_evals"] == row["grad_evals"] and row["switching_rate"] > 4 * rho
+
+
+def test_the_wall_clock_cap_ends_as_time_limit_with_one_warning(tmp_path, capsys):
+    """With no ``process-time``, ``pdmc.max-seconds`` becomes the run's cap: a run that reaches
+    it before ``target-ess`` ends ``time-limit`` (not ``done``: the target was not met) and one
+    warning line gives the ESS and R-hat reached (issue 32, row 13)."""
+    config = parse_run_config({**GM, "pdmc.max-seconds": 1.0, "pdmc.target-ess": 1e9,
+                               "eval-every": 20, "output-dir": str(tmp_path)})
+    assert config.max_seconds == 1.0  # the section's cap is the run's
+    result = run_in_process(config, progress=False)
+    assert result["outcome"] == "time-limit", result["outcome"]
+    lines = [x for x in capsys.readouterr().err.splitlines() if "time limit" in x]
+    assert len(lines) == 1 and "min ESS" in lines[0] and "of 1e+09" in lines[0], lines
+    assert "max R-hat" in lines[0]

@@ -76,7 +76,8 @@ class PDMCConfig:
     target_ess : float
         Stop when the pooled minimum ESS over coordinates reaches it (``process-time`` 0).
     max_seconds : float
-        Wall-clock cap of an ESS-targeted run (0 = none).
+        Wall-clock cap of an ESS-targeted run (0 = none): the run's ``max-seconds`` unless that
+        is set, so a run that stops there says ``time-limit``, not ``done``.
     process_time : float
         ``T > 0``: run every chain to process time ``T`` instead.
     discretisation : float
@@ -381,8 +382,8 @@ def _done(state: ServerState, setup) -> bool:
     c = setup.config
     if c.process_time > 0:
         return bool(np.all(state.t >= c.process_time))
-    if c.max_seconds and time.time() - state.started > c.max_seconds:
-        return True
+    # the wall-clock cap is the run's max-seconds (preset), so a run ending there says
+    # "time-limit", not "done" (the target ESS was not reached)
     chains = kept_chains(state, setup)
     if chains.shape[1] < 20:
         return False
@@ -438,6 +439,8 @@ def _preset(sampler: str):
             changes["num_rounds"] = NO_CAP
         if c.eval_every == 1:  # recording every event would dominate the run
             changes["eval_every"] = DEFAULT_EVAL_EVERY
+        if c.section.process_time == 0 and c.max_seconds == 0 and c.section.max_seconds > 0:
+            changes["max_seconds"] = c.section.max_seconds  # the cap ends as "time-limit"
         return c.replace(**changes).with_section(sampler=sampler)
     return preset
 
