@@ -342,6 +342,8 @@ def main(argv=None, reap: bool = False) -> int:
         return EXIT_INTERRUPTED
     if outcome == "failed":  # the recorder printed the one-line reason
         return EXIT_FAILED
+    if outcome == "stopped" and args.engine != "deployment":
+        return 1  # the recorder, in this process, printed the one line saying why
     if outcome not in ("completed", "done", "time-limit"):
         why = result.get("reason", "see the log above")
         print(f"error: the run ended '{outcome}' after update {last} of {config.num_rounds}: "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class ConfigError(ValueError):
     """A run-config key is unknown or has a bad value (the message is one line naming the key)."""
@@ -15,7 +18,10 @@ class RunStopped(RuntimeError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-        self.state = None
+        self.state: Any = None
+        self.update = 0  # the updates ``state`` has made (where an engine knows it)
+        self.log: Any = None  # what happened since the last history row (the engine's RoundLog)
+        self.save: Callable[[], None] | None = None  # checkpoints ``state`` (the engine's hook)
 
 
 class DeploymentError(RuntimeError):

@@ -299,6 +299,15 @@ class BundleStrategy(Strategy):
             time.monotonic() - self._t0, self.outcome)
         return result
 
+    def unrecorded(self):
+        """``(update, RoundLog)`` of the updates made since the last record (a run that stopped
+        between two evaluation points), or ``None``; marks them recorded."""
+        if self._update == self._recorded:
+            return None
+        self._recorded = self._update
+        self.round_logs[self._update] = self._tally.log()
+        return self._update, self.round_logs[self._update]
+
     def _record(self, evaluate_fn, result: Result, virtual_time: float | None = None) -> bool:
         """At an evaluation point: log, call ``evaluate_fn``; True when the run ends here."""
         if self._update == self._recorded:  # nothing new since the last record

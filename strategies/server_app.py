@@ -136,6 +136,9 @@ def make_server_app(overrides: dict | None = None, engine: str | None = None,
             recorder.interrupt()
             return
         except RunStopped as err:
+            pending = strategy.unrecorded()  # a sampler's draws since the last row: one more
+            if pending is not None:
+                record(pending[0], None)
             recorder.stop(err.reason, strategy.posterior)
             raise RuntimeError(f"run stopped: {err.reason}") from None  # the run's status: failed
         recorder.finish()

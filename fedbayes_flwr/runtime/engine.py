@@ -114,6 +114,13 @@ def _checkpoint(on_record, update, state, side, virtual_time=None) -> None:
                   virtual_time, tuple(sorted(side.dead)))
 
 
+def _stopped_at(err: RunStopped, update, state, side, tally, on_record, virtual_time=None):
+    """Attach to ``err`` what the run computed before it stopped: the state after ``update``
+    updates, the log since the last row and the hook that checkpoints that state."""
+    err.state, err.update, err.log = state, update, tally.log(virtual_time)
+    err.save = lambda: _checkpoint(on_record, update, state, side, virtual_time)
+
+
 def _iterate_barrier(exp: Experiment, num_updates: int, resume=None, on_record=None):
     bundle, setup, config = exp.bundle, exp.setup, exp.config
     state, side, update = _start(exp, resume)
@@ -134,8 +141,8 @@ def _iterate_barrier(exp: Experiment, num_updates: int, resume=None, on_record=N
         try:
             replies = _apply_policy(exp, state, side, requests, replies, number, tally)
             state, info = bundle.server_step(state, sorted(replies.items()), setup, rnd)
-        except RunStopped as err:
-            err.state = state  # the caller saves what was computed before the failure
+        except RunStopped as err:  # the caller records and saves what was computed before
+            _stopped_at(err, update, state, side, tally, on_record)
             raise
         update += info.updates
         settled = info.settled
@@ -197,7 +204,7 @@ def _iterate_on_arrival(exp: Experiment, num_updates: int, resume=None, on_recor
             if side.dead:
                 err = RunStopped(f"update {number}: no partition left to ask (partitions "
                                  f"{sorted(side.dead)} timed out)")
-                err.state = state
+                _stopped_at(err, update, state, side, tally, on_record, float(now))
                 raise err
             raise RuntimeError(f"bundle {bundle.name!r} sent no request with every client idle")
         now, pid, action, reply = heapq.heappop(queue)
@@ -261,8 +268,15 @@ def run_in_process_with_posterior(config, output_dir: str | None = None, progres
             recorder.record(update, exp.bundle.posterior(state, exp.setup), log)
         recorder.finish()
     except RunStopped as err:
-        recorder.stop(err.reason,
-                      None if err.state is None else exp.bundle.posterior(err.state, exp.setup))
+        posterior = None if err.state is None else exp.bundle.posterior(err.state, exp.setup)
+        last = recorder.history[-1]["round"] if recorder.history else 0
+        if posterior is not None and err.log is not None and err.update > last:
+            # the updates made since the last row (a sampler's draws so far) become a row, with
+            # its plots and checkpoint, so a stopped run loses nothing it computed
+            recorder.record(err.update, posterior, err.log)
+            if err.save is not None:
+                err.save()
+        recorder.stop(err.reason, posterior)
     except Interrupted:
         recorder.interrupt()
     with open(os.path.join(recorder.output_dir, "result.json")) as f:

@@ -142,7 +142,10 @@ class Recorder:
         if posterior is not None:
             self.posterior = posterior
         self.finish()
-        print(f"run stopped: {reason}", file=sys.stderr, flush=True)
+        last = self.history[-1]["round"] if self.history else 0
+        print(f"run stopped after update {last} of {self.exp.config.num_rounds}: {reason} "
+              f"(finished rows are in {os.path.join(self.output_dir, 'result.json')})",
+              file=sys.stderr, flush=True)
 
     def interrupt(self) -> None:
         """End a run the user interrupted: keep the finished rows, write the plots."""

@@ -294,3 +294,22 @@ def test_simulation_hung_client_times_out_within_the_round_timeout_and_the_run_e
             "bytes_up", "test_rmse", "test_nll")
     assert ([{k: row.get(k) for k in keep} for row in result["history"]]
             == [{k: row.get(k) for k in keep} for row in local["history"]])
+
+
+@pytest.mark.parametrize("keys", [GM, RING], ids=["pdmc", "dhmc"])
+def test_a_stopped_sampler_records_its_draws_as_a_row_with_plots_and_checkpoint(tmp_path, keys,
+                                                                                capsys):
+    """The stop comes between two evaluation points (``eval-every`` 100, the failure at update
+    3): the two updates made are recorded as a row, the plots and the checkpoint are written,
+    and the one line printed says where the run stopped (issue 32, row 10)."""
+    from fedbayes_flwr.runtime import checkpoint as C
+
+    result = run_in_process(parse_run_config({**keys, "inject-fault": "raise-always@3:2",
+                                              "max-retries": 0, "eval-every": 100,
+                                              "output-dir": str(tmp_path)}), progress=False)
+    assert result["outcome"] == "stopped"
+    assert [row["round"] for row in result["history"]] == [2]
+    assert (tmp_path / "metrics.png").is_file() and C.load(str(tmp_path)).update == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if "stopped" in x]
+    assert len(lines) == 1 and lines[0].startswith("run stopped after update 2 of "), lines
+    assert "update 3: partition 2 failed" in lines[0]
