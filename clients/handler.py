@@ -26,7 +26,12 @@ from fedbayes_flwr.runtime.checkpoint import (
     is_stateful,
 )
 from fedbayes_flwr.runtime.experiment import EXPECT, MISMATCH, Experiment, fingerprint, mismatches
-from fedbayes_flwr.runtime.faults import InjectedFault, client_delay_s, hang_seconds
+from fedbayes_flwr.runtime.faults import (
+    PREVIOUS_TRAIN,
+    InjectedFault,
+    client_delay_s,
+    hang_seconds,
+)
 from fedbayes_flwr.runtime.steps import client_work
 
 
@@ -70,7 +75,9 @@ def handle(exp: Experiment, partition_id: int, message: Message, context: Contex
     if delay > 0:  # simulated slow device (client-delay / stragglers)
         time.sleep(delay)
     try:
-        state, reply = client_work(exp, state, partition_id, request, number, attempt)
+        previous = envelope.get(PREVIOUS_TRAIN)
+        state, reply = client_work(exp, state, partition_id, request, number, attempt,
+                                   None if previous is None else int(previous))
     except InjectedFault as err:
         if err.kind == "hang":  # inject-fault hang: answer nothing until past the message's ttl
             time.sleep(hang_seconds(message.metadata.ttl))

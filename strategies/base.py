@@ -34,6 +34,7 @@ from fedbayes_flwr.inference.tree import payload_nbytes
 from fedbayes_flwr.runtime.checkpoint import STATE_LOST, VERSION_KEY
 from fedbayes_flwr.runtime.config import section_items
 from fedbayes_flwr.runtime.experiment import EXPECT, MISMATCH, fingerprint
+from fedbayes_flwr.runtime.faults import PREVIOUS_TRAIN
 from fedbayes_flwr.runtime.steps import (
     RoundLog,
     Tally,
@@ -111,6 +112,7 @@ class BundleStrategy(Strategy):
         # version last seen per partition, the last stored client states, a restore to send
         self.on_checkpoint: Callable | None = None
         self.versions = [0] * self.num_clients
+        self._last_train: dict[int, int] = {}  # partition -> update of its last train request
         self._stored: tuple | None = None
         self._to_restore = False
         self._due: dict | None = None  # an asynchronous checkpoint waiting for busy nodes
@@ -158,6 +160,10 @@ class BundleStrategy(Strategy):
         envelope = {"action": request.action, "round": number, "attempt": attempt,
                     VERSION_KEY: self.versions[pid],
                     **{f"{EXPECT}{k}": v for k, v in self.expected.items()}}
+        if spec.category == "train":  # fault injection: the partition's previous train update
+            envelope[PREVIOUS_TRAIN] = self._last_train.get(pid, 0)
+            if attempt == 0:
+                self._last_train[pid] = number
         content = codec.encode(request.message, f"{self.bundle.name}.{request.action}", envelope)
         return Message(content, dst_node_id=nodes[pid], ttl=self.round_timeout,
                        message_type=message_type(spec.category, self.bundle.name))

@@ -185,6 +185,8 @@ def resume(strategy, ckpt) -> None:
     check_client_count(ckpt, strategy.num_clients)
     strategy.state = ckpt.server_state
     strategy._update = strategy._recorded = int(ckpt.update)
+    # faults at or before the stored update fired in the run that wrote it
+    strategy._last_train = dict.fromkeys(range(strategy.num_clients), int(ckpt.update))
     strategy._settled = True
     # an in-process checkpoint has no versions: its clients start again from version 0
     versions = tuple(ckpt.client_versions) or (0,) * strategy.num_clients

@@ -55,6 +55,7 @@ class _InProcess:
         self.exp = exp
         self.clients = {pid: exp.bundle.init_client(exp.setup, pid) for pid in range(exp.num_clients)}
         self.dead: set[int] = set()
+        self.last_train = dict.fromkeys(self.clients, 0)  # each partition's last train update
 
     def reply(self, server_state, pid: int, request, number: int, attempt: int, tally: Tally,
               judged: bool = True):
@@ -63,9 +64,12 @@ class _InProcess:
         if pid in self.dead:
             return not_sent(pid)
         tally.down += payload_nbytes(request.message)
+        previous = self.last_train[pid]
+        if attempt == 0 and self.exp.actions[request.action].category == "train":
+            self.last_train[pid] = number
         try:
             self.clients[pid], reply = client_work(self.exp, self.clients[pid], pid, request,
-                                                   number, attempt)
+                                                   number, attempt, previous)
         except InjectedFault as err:
             if err.kind == "hang":  # the reply that never comes: the timeout, without waiting
                 self.dead.add(pid)
@@ -104,6 +108,7 @@ def _start(exp: Experiment, resume):
 
     check_client_count(resume, exp.num_clients)
     side.clients = dict(enumerate(resume.client_states))
+    side.last_train = dict.fromkeys(side.clients, resume.update)  # earlier faults fired before
     side.dead = {int(p) for p in resume.counters.get("dead", ())}  # still out, as over Flower
     return resume.server_state, side, resume.update
 

@@ -1,17 +1,17 @@
 """Fault injection (the ``inject-fault`` testing hook) and simulated client slowness.
 
-``inject-fault=KIND@ROUND:PARTITION`` (several specs comma-separated) makes partition
-``PARTITION`` fail. One-shot kinds hit its reply to the ``train`` request of update ``ROUND``,
+``inject-fault=KIND@ROUND:PARTITION`` (several specs comma-separated) makes partition ``PARTITION``
+fail. One-shot kinds hit its reply to its first ``train`` request at or after update ``ROUND`` (on
+every schedule: a sequential or asynchronous one does not ask every partition at every update),
 first attempt only (a retry succeeds): ``nan`` (the reply's first float array filled with NaN:
 generic), a bundle-specific kind such as ``negative-precision`` (the bundle's ``corrupt`` hook),
 ``garbage`` (every array of the reply replaced by bytes that are not the action's record: wrong
 dtype and length), ``error`` (the client fails) or ``drop`` (the reply never arrives). Lasting
 kinds hit every request of every category (train, evaluate, query) from update ``ROUND`` on, every
 attempt: ``raise-always`` (the client raises) and ``hang`` (the client never answers: a Flower
-ClientApp sleeps :func:`hang_seconds`, past the message's time-to-live, then raises, so its
-process ends; the in-process engine records the timeout at once, without sleeping). Both engines
-apply the same rule.
-"""
+ClientApp sleeps :func:`hang_seconds`, past the message's time-to-live, then raises, so its process
+ends; the in-process engine records the timeout at once, without sleeping). Both engines apply the
+same rule. """
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ LASTING = ("raise-always", "hang")
 RAISED = ("error", "drop", *LASTING)
 # a hung Flower ClientApp wakes this long after its message's time-to-live (then raises)
 HANG_MARGIN_S = 2.0
+# the request envelope's key for the update of the partition's previous train request (Flower)
+PREVIOUS_TRAIN = "previous-train"
 GARBAGE = np.frombuffer(b"\x00garbage\xff", dtype=np.uint8)
 
 
@@ -37,18 +39,22 @@ class InjectedFault(RuntimeError):
 
 
 def active_fault(config: RunConfig, number: int, partition_id: int, category: str,
-                 attempt: int = 0) -> str | None:
+                 attempt: int = 0, previous: int | None = None) -> str | None:
     """The fault kind injected into this client's reply, if any (the first matching spec):
-    one-shot kinds on the train request of their update, first attempt only (a transient fault:
-    a ``retry``-policy bundle's re-send succeeds); lasting kinds (:data:`LASTING`) on every
-    request from their update on, every attempt."""
+    one-shot kinds on the partition's first train request at or after their update (``previous
+    < ROUND <= number``, ``previous`` the update of the partition's previous train request: a
+    sequential or asynchronous schedule does not ask every partition at every update), first
+    attempt only (a transient fault: a ``retry``-policy bundle's re-send succeeds); lasting
+    kinds (:data:`LASTING`) on every request from their update on, every attempt. Without
+    ``previous`` a one-shot kind fires at ``number == ROUND`` only."""
     for kind, rnd, pid in parse_faults(config.inject_fault):
         if pid != partition_id:
             continue
         if kind in LASTING:
             if number >= rnd:
                 return kind
-        elif category == "train" and attempt == 0 and number == rnd:
+        elif category == "train" and attempt == 0 and (
+                number == rnd if previous is None else previous < rnd <= number):
             return kind
     return None
 

@@ -94,16 +94,18 @@ def eval_point(update: int, eval_every: int, num_updates: int) -> bool:
     return update % eval_every == 0 or update >= num_updates
 
 
-def client_work(exp: Experiment, state, partition_id: int, request, number: int, attempt: int = 0):
+def client_work(exp: Experiment, state, partition_id: int, request, number: int, attempt: int = 0,
+                previous: int | None = None):
     """One client's step for ``request`` (update ``number``): ``(client_state, reply)``.
 
     Applies ``inject-fault``: raises :class:`InjectedFault` for ``error``, ``drop``,
     ``raise-always`` and ``hang`` (the Flower handler sleeps on ``hang`` before raising);
     corrupts the reply for the other kinds (the client state is kept, as a real faulty client
-    would).
+    would). ``previous``: the update of this partition's previous train request
+    (:func:`~fedbayes_flwr.runtime.faults.active_fault`).
     """
     spec = exp.actions[request.action]
-    fault = active_fault(exp.config, number, partition_id, spec.category, attempt)
+    fault = active_fault(exp.config, number, partition_id, spec.category, attempt, previous)
     if fault in RAISED:
         raise InjectedFault(fault)
     seed = client_seed(exp.config.seed, exp.bundle.name, request.action, number, partition_id,

@@ -313,3 +313,20 @@ def test_a_stopped_sampler_records_its_draws_as_a_row_with_plots_and_checkpoint(
     lines = [x for x in capsys.readouterr().err.splitlines() if "stopped" in x]
     assert len(lines) == 1 and lines[0].startswith("run stopped after update 2 of "), lines
     assert "update 3: partition 2 failed" in lines[0]
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "asynchronous"])
+def test_strategy_fires_a_one_shot_fault_as_in_process(monkeypatch, schedule):
+    """Over Flower the strategy tells each node the update of its previous train request, so a
+    one-shot fault fires on the same request as in-process (issue 32, row 11)."""
+    keys = {**LR, "num-clients": 3, "pvi.schedule": schedule, "inject-fault": "garbage@2:0",
+            "stragglers": "0" if schedule == "asynchronous" else "", "straggler-factor": 2.0}
+    strategy, _, rows, _, stopped = _strategy_run(monkeypatch, keys, 8)
+    assert stopped is None
+    flower = [(u, r.partition_id) for u, _, log in rows for r in log.rejected]
+    local = [(u, r.partition_id) for u, _, log in
+             iterate_in_process(build_experiment(parse_run_config({**keys, "num-rounds": 8})))
+             for r in log.rejected]
+    assert len(flower) == 1 and flower[0][1] == 0 and len(local) == 1, (flower, local)
+    if schedule == "sequential":  # deterministic: the same request; asynchronous runs order
+        assert flower == local    # arrivals by wall clock over Flower, by virtual time here

@@ -58,3 +58,20 @@ def test_fault_spec_is_validated():
         parse_run_config({"inject-fault": "nan"})
     with pytest.raises(ConfigError, match="inject-fault kind"):
         parse_run_config({"inject-fault": "boom@1:1"})
+
+
+@pytest.mark.parametrize("schedule", ["synchronous", "sequential", "asynchronous"])
+@pytest.mark.parametrize("kind", ["garbage", "nan", "error"])
+def test_every_one_shot_fault_fires_once_on_every_schedule(schedule, kind):
+    """``KIND@2:0`` hits partition 0's first train request at or after update 2, once, whatever
+    the schedule (a sequential or asynchronous one does not ask partition 0 at update 2 itself;
+    an asynchronous run with ``garbage@2:0`` used to record no rejection) (issue 32, row 11)."""
+    keys = {"algorithm": "pvi", "model": "linear-regression", "dataset": "synthetic",
+            "num-clients": 3, "num-rounds": 12, "seed": 0, "pvi.schedule": schedule,
+            "straggler-factor": 2.0,
+            # asynchronous: partition 0 is slow, so update 2 is another partition's
+            "stragglers": "0" if schedule == "asynchronous" else "",
+            "inject-fault": f"{kind}@2:0"}
+    rounds = list(iterate_in_process(build_experiment(parse_run_config(keys))))
+    rejected = [r for _, _, log in rounds for r in log.rejected]
+    assert [r.partition_id for r in rejected] == [0], rejected
