@@ -34,6 +34,7 @@ import numpy as np
 
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
+from fedbayes_flwr.models.base import FREE_ENERGY_SAMPLES, FREE_ENERGY_SEED, _data_tensors
 from fedbayes_flwr.models.likelihood import LikelihoodModel
 
 LIKELIHOODS = {"categorical": "multiclass", "bernoulli": "binary", "gaussian": "regression"}
@@ -166,6 +167,17 @@ class KerasModel(LikelihoodModel):
             return tf.sigmoid(out[:, 0])
         return out[:, 0]
 
+    def expected_log_likelihood(self, q, x, y) -> float:
+        """Monte-Carlo ``E_q[log p(y | theta)]`` from the base class's fixed seed and draws, in
+        the compiled per-row function (the base class's eager call would re-vectorise the
+        network at every call: about a second each, PVI calls it per candidate term)."""
+        import tensorflow as tf
+
+        theta = tf.constant(q.sample(FREE_ENERGY_SEED, FREE_ENERGY_SAMPLES))
+        x_t, y_t = _data_tensors(x, y)
+        rows = self._rows_fn()(theta, x_t, y_t)
+        return float(tf.reduce_mean(tf.reduce_sum(rows, axis=1)))
+
     def check_classes(self, classes: int) -> None:
         """Refuse (one-line ``ValueError``) data with more classes than the network has logits;
         the experiment calls it with the number of classes of its labels."""
@@ -204,8 +216,9 @@ class KerasModel(LikelihoodModel):
         """
         import keras
 
-        mean = posterior.mean() if hasattr(posterior, "mean") and callable(posterior.mean) \
-            else posterior
+        array = isinstance(posterior, np.ndarray | list | tuple)  # ndarray.mean is no posterior's
+        mean = posterior if array or not callable(getattr(posterior, "mean", None)) \
+            else posterior.mean()
         mean = np.asarray(mean, dtype=np.float64).reshape(-1)
         if mean.shape != (sum(self.sizes),):
             raise ValueError(f"model {self.name!r}: the posterior mean has {mean.size} "

@@ -23,13 +23,15 @@ from fedbayes_flwr.models import KerasModel, register_model
 __all__ = ["KERAS_MLP", "mlp"]
 
 
-def mlp(features: int = 64, hidden: int = 32, classes: int = 10, seed: int = 0) -> keras.Model:
+def mlp(features: int = 64, hidden: int = 32, classes: int = 10, seed: int = 0,
+        dtype: str = "float32") -> keras.Model:
     """The Keras MLP ``features-hidden-classes`` (ReLU), seeded He-normal kernels."""
     return keras.Sequential([
-        keras.Input((features,)),
-        keras.layers.Dense(hidden, activation="relu",
+        keras.Input((features,), dtype=dtype),
+        keras.layers.Dense(hidden, activation="relu", dtype=dtype,
                            kernel_initializer=keras.initializers.HeNormal(seed=seed)),
-        keras.layers.Dense(classes, kernel_initializer=keras.initializers.HeNormal(seed=seed + 1)),
+        keras.layers.Dense(classes, dtype=dtype,
+                           kernel_initializer=keras.initializers.HeNormal(seed=seed + 1)),
     ], name="user_mlp")
 
 
