@@ -94,10 +94,10 @@ class KerasModel(LikelihoodModel):
 
     def __init__(self, keras_model, *, likelihood: str, noise_scale: float = 1.0,
                  name: str = "keras-model"):
-        net, net64 = _checked_clone(keras_model)
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"KerasModel: likelihood must be one of {', '.join(LIKELIHOODS)}, "
                              f"got {likelihood!r}")
+        net, net64 = _checked_clone(keras_model)
         width = int(net64.outputs[0].shape[-1])
         if len(net64.outputs[0].shape) != 2:
             raise ValueError(f"KerasModel: the network's output must have shape (batch, width), "
