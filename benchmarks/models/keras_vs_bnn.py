@@ -16,7 +16,7 @@ architecture), on ``digits``:
   ``K`` rows, one client's rows) and of decentralized HMC's potential gradient, Keras against the
   built-in, as the median of ``--repeats`` alternating calls.
 
-Writes ``benchmarks/results/models/keras_vs_bnn.json``. About 8 minutes on 2 busy cores
+Writes ``benchmarks/results/models/keras_vs_bnn.json``. 8 to 18 minutes on 2 shared cores
 (``--quick``: 2 rounds, 20-iteration DHMC, results in a temp dir).
 """
 
