@@ -11,6 +11,8 @@
 * :mod:`.bnn`: ``bnn-classifier``, ``bnn-regression`` and :func:`parse_hidden`;
 * :mod:`.likelihood`: :class:`LikelihoodModel`, a model written as one TensorFlow
   log-likelihood (every derived quantity by autodiff);
+* :mod:`.keras_net`: :class:`KerasModel`, a user's Keras 3 network over the flat vector of its
+  trainable weights (Keras is imported when one is built, not with this package);
 * :mod:`.registry`: :func:`model_names` (``MODELS``, ``ALL_MODELS``), :func:`make_model`,
   :func:`model_spec`,
   :func:`register_model`, :func:`load_model_modules`, :func:`exact_posterior`.
@@ -31,6 +33,7 @@ from fedbayes_flwr.models.base import (
     Prediction,
 )
 from fedbayes_flwr.models.bnn import BNN, INIT_SEED, INIT_STD, BNNClassifier, BNNRegression, parse_hidden
+from fedbayes_flwr.models.keras_net import KerasModel
 from fedbayes_flwr.models.likelihood import LikelihoodModel
 from fedbayes_flwr.models.linear import (
     GaussianMean,
@@ -74,6 +77,7 @@ __all__ = [
     "BNNClassifier",
     "BNNRegression",
     "GaussianMean",
+    "KerasModel",
     "LikelihoodModel",
     "LinearRegression",
     "LogisticHyperprior",

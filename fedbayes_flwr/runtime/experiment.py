@@ -81,6 +81,9 @@ def assemble(config: RunConfig, dataset: Dataset, partitions: tuple[np.ndarray, 
     bundle = registry.get(config.algorithm).bundle
     model = make_model(config.model, config.noise_scale, parse_hidden(config.hidden_layers),
                        classes)
+    check = getattr(model, "check_classes", None)  # a user's network: its output width
+    if check is not None:
+        check(classes)
     num_features = dataset.x_train.shape[1]
     diag = bundle.prior_diag(config.section, model)
     prior = model.prior(num_features, config.prior_scale, diag)
