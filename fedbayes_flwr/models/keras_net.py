@@ -34,7 +34,6 @@ import numpy as np
 
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
-from fedbayes_flwr.models.base import FREE_ENERGY_SAMPLES, FREE_ENERGY_SEED, _data_tensors
 from fedbayes_flwr.models.likelihood import LikelihoodModel
 
 LIKELIHOODS = {"categorical": "multiclass", "bernoulli": "binary", "gaussian": "regression"}
@@ -166,17 +165,6 @@ class KerasModel(LikelihoodModel):
         if self.keras_likelihood == "bernoulli":
             return tf.sigmoid(out[:, 0])
         return out[:, 0]
-
-    def expected_log_likelihood(self, q, x, y) -> float:
-        """Monte-Carlo ``E_q[log p(y | theta)]`` from the base class's fixed seed and draws, in
-        the compiled per-row function (the base class's eager call would re-vectorise the
-        network at every call: about a second each, PVI calls it per candidate term)."""
-        import tensorflow as tf
-
-        theta = tf.constant(q.sample(FREE_ENERGY_SEED, FREE_ENERGY_SAMPLES))
-        x_t, y_t = _data_tensors(x, y)
-        rows = self._rows_fn()(theta, x_t, y_t)
-        return float(tf.reduce_mean(tf.reduce_sum(rows, axis=1)))
 
     def check_classes(self, classes: int) -> None:
         """Refuse (one-line ``ValueError``) data with more classes than the network has logits;
