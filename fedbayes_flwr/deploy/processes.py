@@ -57,7 +57,8 @@ class Processes:
         self.started: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with open(self.log_dir / f"{name}.log", "wb") as log:
+        fd = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as log:  # owner only, as the keys
             proc = subprocess.Popen(
                 argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,

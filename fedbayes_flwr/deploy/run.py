@@ -55,7 +55,7 @@ from fedbayes_flwr.deploy.flwr_cli import (
     write_connection,
 )
 from fedbayes_flwr.deploy.processes import Processes, executable, free_port, sigterm_raises
-from fedbayes_flwr.deploy.tls import make_node_key, make_tls
+from fedbayes_flwr.deploy.tls import make_node_key, make_tls, write_private
 from fedbayes_flwr.errors import DeploymentError
 from fedbayes_flwr.runtime.steps import Interrupted, check_stop
 
@@ -129,6 +129,7 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
     num_clients = int(run_config["num-clients"])
     log_dir = output_dir / LOG_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.chmod(0o700)  # the logs name the run's ports, keys' paths, node ids: owner only
     earlier = list(log_dir.glob("*.log"))
     if not run_config.get("resume"):  # a resumed run's result.json holds the rows it continues
         earlier.append(output_dir / "result.json")
@@ -185,12 +186,12 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
         if run_id is not None:
             with contextlib.suppress(Exception):
                 logs = flwr(["log", str(run_id), CONNECTION, "--show"], env, work, timeout=30)
-                (log_dir / "serverapp.log").write_text(re.sub(r"\x1b\[[0-9;]*m", "",
-                                                              logs.stdout))
+                write_private(log_dir / "serverapp.log",
+                              re.sub(r"\x1b\[[0-9;]*m", "", logs.stdout).encode())
         pids = procs.stop_all()
-        (log_dir / "processes.json").write_text(json.dumps(
+        write_private(log_dir / "processes.json", json.dumps(
             {"started": {name: p.pid for name, p in procs.started.items()},
-             "stopped": pids}, indent=2))
+             "stopped": pids}, indent=2).encode())
         if keep_dir is not None:
             shutil.copytree(work, keep_dir, dirs_exist_ok=True)
         shutil.rmtree(work, ignore_errors=True)

@@ -34,7 +34,8 @@ class NodeKey(NamedTuple):
     public: Path
 
 
-def _write_private(path: Path, data: bytes) -> Path:
+def write_private(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path``, readable by the owner only (mode 0600, set at creation)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
@@ -104,7 +105,7 @@ def _tls_cryptography(files: TLSFiles, host: str, days: int) -> None:
     pem = serialization.Encoding.PEM
     files.ca_cert.write_bytes(ca.public_bytes(pem))
     files.server_cert.write_bytes(cert.public_bytes(pem))
-    _write_private(files.server_key, key.private_bytes(
+    write_private(files.server_key, key.private_bytes(
         pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
 
 
@@ -154,7 +155,7 @@ def make_node_key(directory: Path, name: str) -> NodeKey:
         from cryptography.hazmat.primitives.asymmetric import ec
 
         private = ec.generate_private_key(ec.SECP384R1())
-        _write_private(key.private, private.private_bytes(
+        write_private(key.private, private.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
             serialization.NoEncryption()))
         key.public.write_bytes(private.public_key().public_bytes(

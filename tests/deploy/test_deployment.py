@@ -207,6 +207,10 @@ def test_deployment_engine_equals_in_process_and_leaves_no_process(tmp_path):
     assert not any(processes.alive(pid) for pid in stopped)
     superlink_log = (logs / "superlink.log").read_text()
     assert "Starting Flower SuperLink" in superlink_log
+    # owner only, like the keys: the logs name ports, key paths and node ids (issue 32)
+    assert logs.stat().st_mode & 0o777 == 0o700
+    modes = {f.name: f.stat().st_mode & 0o777 for f in logs.iterdir()}
+    assert set(modes.values()) == {0o600}, modes
     result = json.loads((out / "result.json").read_text())
     assert result["engine"] == "deployment" and result["outcome"] == "completed"
     assert [row["round"] for row in result["history"]] == [1, 2]
