@@ -195,7 +195,21 @@ def as_x(arr: np.ndarray, key: str, where: str) -> np.ndarray:
         raise DataError(f"{where}: key '{key}' has no rows")
     if x.shape[1] == 0:
         raise DataError(f"{where}: key '{key}' has no columns (features)")
+    _check_magnitude(x, key, where)
     return f64(x)
+
+
+MAX_ABS_VALUE = 1e50
+"""The largest magnitude a feature or a real target may have: the models form products such as
+``x_i x_j`` and ``y x`` and sum them over rows, which must stay finite in float64 (1.8e308)."""
+
+
+def _check_magnitude(a: np.ndarray, key: str, where: str) -> None:
+    big = float(np.max(np.abs(a))) if a.size else 0.0
+    if big > MAX_ABS_VALUE:
+        raise DataError(f"{where}: key '{key}' has a value of magnitude {big:.3g}, above "
+                        f"{MAX_ABS_VALUE:g}: the model's products of values (x_i x_j summed over "
+                        f"rows) would overflow float64; rescale the data (e.g. standardise it)")
 
 
 MAX_CLASSES = 100_000
@@ -217,6 +231,7 @@ def as_y(arr: np.ndarray, key: str, where: str, target: str) -> np.ndarray:
         _check_labels(y[(y < 0) | (y != np.floor(y)) | (y >= MAX_CLASSES)], key, where,
                       f"integers in [0, {MAX_CLASSES}) (class indices)")
         return i64(y)
+    _check_magnitude(y, key, where)
     return f64(y)
 
 

@@ -228,6 +228,12 @@ def _notice_overridden(algorithm: str, values: dict, before: RunConfig, after: R
                           f"(you gave {given[name]!r})", PresetNotice, stacklevel=3)
 
 
+PRIOR_SCALE_RANGE = (1e-100, 1e100)
+"""The prior scales accepted: ``1/s^2`` within ``[1e-200, 1e200]``, so that sums and products
+with data terms (precisions, natural parameters) keep about 100 orders of magnitude of headroom
+below float64's overflow (``1.8e308``) and above its underflow."""
+
+
 def straggler_ids(c: RunConfig) -> tuple[int, ...]:
     """Partition ids listed in ``stragglers`` (``"7,8,9"``)."""
     try:
@@ -306,6 +312,10 @@ def validate(c: RunConfig) -> None:
     need(c.num_rounds >= 1, "num-rounds", f"must be >= 1, got {c.num_rounds}")
     need(c.seed >= 0, "seed", f"must be >= 0, got {c.seed}")
     need(c.prior_scale > 0, "prior-scale", f"must be > 0, got {c.prior_scale}")
+    need(PRIOR_SCALE_RANGE[0] <= c.prior_scale <= PRIOR_SCALE_RANGE[1], "prior-scale",
+         f"{c.prior_scale:g} is outside [{PRIOR_SCALE_RANGE[0]:g}, {PRIOR_SCALE_RANGE[1]:g}]: the "
+         f"prior precision 1/prior-scale^2 and its products with the data must stay finite in "
+         f"float64 (largest 1.8e308)")
     need(c.noise_scale > 0, "noise-scale", f"must be > 0, got {c.noise_scale}")
     need(c.eval_every >= 1, "eval-every", f"must be >= 1, got {c.eval_every}")
     need(c.max_seconds >= 0, "max-seconds",

@@ -646,3 +646,28 @@ def test_labels_and_ids_that_would_wrap_are_refused(tmp_path):
                   client_id=cid)
     with pytest.raises(DataError, match=r"'client_id' must fit in int64.*9223372036854775813"):
         load_dataset("x", "binary", data_file=path, seed=0)
+
+
+def test_values_whose_products_overflow_are_refused(tmp_path):
+    """Features times 1e200 (and a real target of 1e200) overflow the solvers' x_i x_j sums:
+    refused in one line with the limit and what to do (issue 32, row 4)."""
+    x = np.random.default_rng(0).normal(size=(10, 2))
+    path = _write(tmp_path, x_train=x * 1e200, y_train=np.zeros(10))
+    with pytest.raises(DataError, match=r"'x_train' has a value of magnitude .*e\+200, above "
+                                        r"1e\+50.*rescale"):
+        load_dataset("x", "binary", data_file=path, seed=0)
+    path = _write(tmp_path, x_train=x, y_train=np.full(10, 1e200))
+    with pytest.raises(DataError, match=r"'y_train' has a value of magnitude"):
+        load_dataset("x", "real", data_file=path, seed=0)
+    path = _write(tmp_path, x_train=x / np.abs(x).max() * 1e50, y_train=np.zeros(10))  # at the limit
+    with pytest.warns(DataWarning):
+        load_dataset("x", "binary", data_file=path, seed=0)
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-300, 1e101, 1e-101])
+def test_prior_scales_float64_cannot_carry_are_refused(scale):
+    from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+
+    with pytest.raises(ConfigError, match=r"prior-scale.*outside \[1e-100, 1e\+100\]"):
+        parse_run_config({"prior-scale": scale})
+    parse_run_config({"prior-scale": 1e100})
