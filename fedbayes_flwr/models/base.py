@@ -388,9 +388,14 @@ class Model:
         """Monte-Carlo ``E_q[log p(y | theta)]`` from a fixed seed (models without a closed form)."""
         import tensorflow as tf
 
+        if "mean_log_likelihood" not in self._compiled:  # compiled: a model that maps its rows
+            # with tf.vectorized_map would otherwise re-trace the map at every eager call
+            self._compiled["mean_log_likelihood"] = tf.function(
+                lambda theta, x, y: tf.reduce_mean(self.log_likelihood_tf(theta, x, y)),
+                reduce_retracing=True)
         theta = tf.constant(q.sample(FREE_ENERGY_SEED, FREE_ENERGY_SAMPLES))
         x_t, y_t = _data_tensors(x, y)
-        return float(tf.reduce_mean(self.log_likelihood_tf(theta, x_t, y_t)))
+        return float(self._compiled["mean_log_likelihood"](theta, x_t, y_t))
 
     def predictive(self, posterior: Posterior, x) -> Prediction:
         """Posterior predictive on test inputs ``x``, from the posterior protocol only."""

@@ -42,13 +42,7 @@ from fedbayes_flwr.evaluation.predictive import (
     reliability_diagram,
 )
 from fedbayes_flwr.inference.potentials import Potential
-from fedbayes_flwr.models.base import (
-    FREE_ENERGY_SAMPLES,
-    FREE_ENERGY_SEED,
-    Model,
-    Prediction,
-    _data_tensors,
-)
+from fedbayes_flwr.models.base import Model, Prediction, _data_tensors
 
 TASKS = {"binary": ("binary", "classification", "logistic"),
          "multiclass": ("multiclass", "classification", "softmax"),
@@ -330,17 +324,6 @@ class LikelihoodModel(Model):
             self._compiled["rows"] = tf.function(self.log_likelihood_rows_tf,
                                                  reduce_retracing=True)
         return self._compiled["rows"]
-
-    def expected_log_likelihood(self, q, x, y) -> float:
-        """Monte-Carlo ``E_q[log p(y | theta)]`` from the base class's fixed seed and draws, in
-        the compiled per-row function (the base class's eager call would re-vectorise the
-        user's function at every call; PVI calls it per candidate term)."""
-        import tensorflow as tf
-
-        theta = tf.constant(q.sample(FREE_ENERGY_SEED, FREE_ENERGY_SAMPLES))
-        x_t, y_t = _data_tensors(x, y)
-        rows = self._rows_fn()(theta, x_t, y_t)
-        return float(tf.reduce_mean(tf.reduce_sum(rows, axis=1)))
 
     def metrics(self, posterior, x, y) -> tuple[dict[str, float], dict | None]:
         """``test_nll`` = minus the mean log predictive density (log-mean-exp of

@@ -11,7 +11,9 @@ both Flower apps and a resumed run import; importing it registers:
 ``user-poisson``
     ``y_i ~ Poisson(exp(x_i . w + b))`` (count data), no rate bound (its curvature is unbounded).
 
-:func:`user_logistic` builds the logistic regression the tests compare with the built-in one.
+:func:`user_logistic` builds the logistic regression the tests compare with the built-in one;
+the module registers one as ``user-logistic`` (:data:`LOGISTIC`), so that a run loads it through
+``model-modules`` as it loads the others.
 
 References
 ----------
@@ -28,7 +30,7 @@ import tensorflow_probability as tfp
 
 from fedbayes_flwr.models import LikelihoodModel, register_model
 
-__all__ = ["PROBIT", "POISSON", "user_logistic", "probit_bound"]
+__all__ = ["LOGISTIC", "PROBIT", "POISSON", "user_logistic", "probit_bound"]
 
 
 _STD_NORMAL = tfp.distributions.Normal(np.float64(0.0), np.float64(1.0))
@@ -77,5 +79,8 @@ PROBIT = LikelihoodModel(probit_log_likelihood, param_dim=lambda f: f + 1, task=
 POISSON = LikelihoodModel(poisson_log_likelihood, param_dim=lambda f: f + 1, task="regression",
                           predict=poisson_predict, name="user-poisson")
 
+LOGISTIC = user_logistic()
+
+register_model("user-logistic", LOGISTIC)
 register_model("user-probit", PROBIT)
 register_model("user-poisson", POISSON)
