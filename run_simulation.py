@@ -36,8 +36,16 @@ FLAGS = {
 }
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse with a one-line error (``error: ...``, exit 2) instead of the usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         description=__doc__.split("\n\n")[0],
         epilog="Every run-config key (see README) can be set with --run-config \"key=value ...\".")
     with _silenced_stderr_fd():  # the registry's families import TensorFlow
@@ -164,14 +172,31 @@ def _stop_on_first_ctrl_c():
 
 
 def check_output_dir(path: str) -> None:
-    """Raise ConfigError unless ``path`` is (or can become) a directory."""
+    """Raise ConfigError unless ``path`` is (or can become) a directory this process can write:
+    no NUL byte, each name within the file system's limit, and a directory can be made in its
+    nearest existing ancestor (probed with a temporary directory, removed at once), so
+    ``/proc/1/nope`` or a read-only mount is refused before any data is loaded."""
+    import tempfile
+
     from fedbayes_flwr.runtime.config import ConfigError
 
+    if "\x00" in path:
+        raise ConfigError(f"output-dir {path!r}: a path cannot hold a NUL byte")
     probe = path
     while probe and not os.path.exists(probe):
         probe = os.path.dirname(probe)
     if probe and not os.path.isdir(probe):
         raise ConfigError(f"output-dir {path!r}: {probe!r} is a file, not a directory")
+    limit = os.pathconf(probe or "/", "PC_NAME_MAX")
+    long = [p for p in path.split(os.sep) if len(os.fsencode(p)) > limit]
+    if long:
+        raise ConfigError(f"output-dir {path[:80]!r}...: the name {long[0][:40]!r}... is longer "
+                          f"than the file system allows ({limit} bytes)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fedbayes-probe-", dir=probe or "/"))
+    except OSError as err:
+        raise ConfigError(f"output-dir {path!r}: cannot create a directory in {probe!r} "
+                          f"({err.strerror or err})") from None
 
 
 RAY_CONNECT_TIMEOUT_S = 5.0  # a head on the local network answers in milliseconds

@@ -246,7 +246,11 @@ def straggler_ids(c: RunConfig) -> tuple[int, ...]:
 def parse_override_string(text: str) -> dict:
     """Parse Flower's ``--run-config "key=value key2='text'"`` syntax (TOML values)."""
     out = {}
-    for item in shlex.split(text or "", posix=False):
+    try:
+        items = shlex.split(text or "", posix=False)
+    except ValueError as err:  # e.g. "No closing quotation"
+        raise ConfigError(f"--run-config {text!r}: {err}") from None
+    for item in items:
         if "=" not in item:
             raise ConfigError(f"--run-config item {item!r} is not key=value")
         key, raw = item.split("=", 1)
