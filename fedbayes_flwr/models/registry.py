@@ -18,6 +18,7 @@ import functools
 import hashlib
 import importlib
 import json
+import re
 import threading
 
 import numpy as np
@@ -241,6 +242,37 @@ def model_class(name: str) -> type[Model]:
         return _CLASSES[name] if name in _CLASSES else _STRUCTURED[name]  # type: ignore[return-value]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ALL_MODELS)}") from None
+
+
+def describe_model(name: str) -> str:
+    """One line about the model registered as ``name``: the first line of its class docstring
+    (reST markup removed) or a plugin model's ``description`` attribute, its target kind, and,
+    for a plugin, the module that registered it (``run_simulation.py list models``).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not registered.
+    """
+    cls = model_class(name)
+    source = _SOURCES.get(name)
+    fn = getattr(source, "log_likelihood_fn", None)  # a LikelihoodModel: its user's function
+    doc = str(getattr(source, "description", "") or getattr(fn, "__doc__", "") or cls.__doc__ or "")
+    if fn is not None and not getattr(fn, "__doc__", None):
+        doc = f"LikelihoodModel of {getattr(fn, '__qualname__', 'a log-likelihood')}"
+    line = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, as one line
+    line = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", line).replace("``", "")
+    line = re.sub(rf"^{re.escape(name)}:\s*", "", line).rstrip(".")
+    if len(line) > 90:
+        line = line[:87].rsplit(" ", 1)[0] + " ..."
+    target = getattr(cls, "target", "none")
+    where = ""
+    if source is not None:
+        module = getattr(fn or source, "__module__", None) or type(source).__module__
+        where = f"; plugin from {module}"
+    elif name in _STRUCTURED:
+        where = "; AMPS family only"
+    return f"{line or cls.__qualname__} (target: {target}{where})"
 
 
 @functools.cache
