@@ -444,6 +444,9 @@ def main(argv=None, reap: bool = False) -> int:
               f"{why} (finished rows are in {result_file})", file=sys.stderr)
         return 1
     final = {k: v for k, v in result["final"].items() if isinstance(v, float)}
+    diagnostics = (result["history"][-1].get("diagnostics") or {}) if result["history"] else {}
+    final.update({k: diagnostics[k] for k in ("ess_min", "rhat_max")  # a sampler's
+                  if isinstance(diagnostics.get(k), float) and diagnostics[k] == diagnostics[k]})
     print(json.dumps({"output_dir": config.output_dir, "final": final}, indent=2))
     return 0
 
