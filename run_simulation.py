@@ -26,7 +26,7 @@ import os
 import sys
 
 # Keep TensorFlow / Flower quiet and offline before anything imports them.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # 3: also the cuInit ERROR of a machine without GPU
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -338,9 +338,9 @@ def start_ray(init_args: dict) -> None:
     :data:`fedbayes_flwr.runtime.quiet.WORKER_ENV` (``TF_CPP_MIN_LOG_LEVEL=3``) and runs
     :func:`fedbayes_flwr.runtime.quiet.quiet_worker` as its setup hook, before the actor's class
     (whose module imports TensorFlow) is loaded: that import then runs with standard error
-    silenced, and the actors' "Manually terminating ClientAppActor" lines are dropped. Flower shuts Ray down at the end
-    as before. Ray's FutureWarning about accelerator variables is not shown: this CLI relies on
-    today's behaviour (an actor with no GPU sees none).
+    silenced, and the actors' "Manually terminating ClientAppActor" lines are dropped. Flower
+    shuts Ray down at the end as before. Ray's FutureWarning about accelerator variables is not
+    shown: this CLI relies on today's behaviour (an actor with no GPU sees none).
     """
     import warnings
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fedbayes_flwr.evaluation.diagnostics import import_arviz, mcmc_summary, to_inference_data
+from fedbayes_flwr.inference import expfam
 
 __all__ = ["ABS_Y_FLOOR", "DIAGNOSTIC_METRICS", "HISTORY_METRICS", "MIN_BIN_COUNT", "REL_Y_FLOOR",
            "history_figure", "mixture_posterior_figure", "plot_curves", "plot_history",
@@ -159,8 +160,10 @@ def history_figure(history: list[dict], title: str = "") -> Any:
         _floor_ylim(ax, drawn)
         ax.set_ylabel(key)
         ax.grid(True, alpha=0.3)
-        if len(xs) == 1:
-            ax.set_xlim(xs[0] - 1, xs[0] + 1)
+    updates = {x for _, pts, _ in series for x, _ in pts}
+    if len(updates) == 1:  # one update (AMPS's one-shot merge): centre it (the x axis is shared)
+        only = updates.pop()
+        axes[-1, 0].set_xlim(only - 1, only + 1)
     axes[-1, 0].set_xlabel("update")
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
@@ -216,8 +219,10 @@ def reliability_figure(diagram: dict[str, list], title: str = "") -> Any:
         else:
             ax.bar(lo, a, width=up - lo, align="edge", edgecolor="gray", fill=False, hatch="//",
                    alpha=0.5, label=few_label)
-        ax.text(lo + 0.5 * (up - lo), min(a, 0.93) + 0.02, str(c), ha="center", va="bottom",
-                fontsize="x-small")
+        ax.text(lo + 0.5 * (up - lo), 0.5 * a if a > 0.12 else a + 0.02, str(c), ha="center",
+                va="center" if a > 0.12 else "bottom", fontsize="x-small",
+                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8,
+                      "linewidth": 0})
     lo, hi = (lower[0], upper[-1]) if lower else (0.0, 1.0)
     ax.plot([lo, hi], [lo, hi], "k--", label="perfect calibration")
     ax.set_xlim(lo, hi)
@@ -225,9 +230,10 @@ def reliability_figure(diagram: dict[str, list], title: str = "") -> Any:
     ax.set_ylabel("accuracy (number of test points on each bar)")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
-    ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize="small")
+    ax.legend(unique.values(), unique.keys(), loc="lower left", bbox_to_anchor=(0.0, 1.0),
+              ncol=3, fontsize="x-small", frameon=False)  # above the axes: no bar hidden
     if title:
-        ax.set_title(title)
+        fig.suptitle(title)
     widths = [u - lo for lo, u in zip(lower, upper, strict=True)]
     ax_count.bar(lower, counts, width=widths, align="edge", edgecolor="black", color="gray")
     ax_count.set_xlabel("confidence")
@@ -291,6 +297,9 @@ def trace_figure(posterior: Any, title: str = "",
                            fontsize="small", loc="left")
         az.plot_rank(idata, var_names=["theta"], coords={"theta_dim": [int(j)]}, ax=ax_rank)
         ax_rank.set_title("rank plot (flat: chains agree)", fontsize="small")
+        ax_rank.set_xlabel("rank (all chains)", fontsize="small")
+        ax_rank.set_ylabel("chain", fontsize="small")
+        ax_rank.tick_params(labelsize="x-small")
     axes[-1, 0].set_xlabel("draw (kept, per chain)")
     fig.suptitle(f"{title + ': ' if title else ''}{chains.shape[0]} chains x {chains.shape[1]} "
                  f"draws; min bulk ESS {np.min(summary['ess_bulk']):.0f}, max R-hat "
@@ -334,8 +343,6 @@ def mixture_posterior_figure(posterior: Any, x: np.ndarray, title: str = "") -> 
     Campbell & How (2014), "Approximate Decentralized Bayesian Inference", Section 3.1 (the
     mixture example; the merged posterior's components).
     """
-    from fedbayes_flwr.inference import expfam
-
     params, vb = getattr(posterior, "params", None), getattr(posterior, "vb", None)
     x = np.asarray(x, dtype=np.float64)
     if (params is None or not hasattr(vb, "log_predictive") or x.ndim > 2

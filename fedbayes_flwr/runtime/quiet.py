@@ -8,8 +8,9 @@ TensorFlow loads and imports TensorFlow with descriptor 2 pointed at ``/dev/null
 
 :func:`quiet_tensorflow_import` does that for whoever imports TensorFlow first in a process: it
 sets :data:`WORKER_ENV` and puts a finder on ``sys.meta_path`` that runs TensorFlow's import, when
-it comes, with the descriptor silenced. :func:`quiet_worker`, the Ray workers' setup hook that the CLI names, calls it (and drops the
-"Manually terminating ClientAppActor" line each actor logs when the run ends); the hook
+it comes, with the descriptor silenced. :func:`quiet_worker`, the Ray workers' setup hook that
+the CLI names, calls it (and drops the "Manually terminating ClientAppActor" line each actor
+logs when the run ends); the hook
 runs in every worker before the actor's class (whose Flower module imports TensorFlow) is loaded;
 nothing is imported by the hook itself (importing TensorFlow there, next to Ray's starting
 threads, aborted a worker in a trial).
@@ -18,9 +19,9 @@ threads, aborted a worker in a trial).
 from __future__ import annotations
 
 import contextlib
-import logging
 import importlib.abc
 import importlib.machinery
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
