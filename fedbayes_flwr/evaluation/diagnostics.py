@@ -14,6 +14,7 @@ ArviZ is imported when these functions are called, not when this module is impor
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,6 @@ __all__ = ["import_arviz", "mcmc_summary", "to_inference_data"]
 def import_arviz() -> Any:
     """``arviz``, imported without its import-time FutureWarning (ArviZ 0.x announcing 1.0's
     refactor: this package pins ``arviz<1``, whose ``InferenceData`` it uses)."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         import arviz
@@ -75,8 +74,10 @@ def to_inference_data(posterior: Any, var_name: str = "theta") -> Any:
     az = import_arviz()
     chains = _chains(posterior)
     dim = f"{var_name}_dim"
-    return az.from_dict(posterior={var_name: chains}, dims={var_name: [dim]},
-                        coords={dim: np.arange(chains.shape[2])})
+    with warnings.catch_warnings():  # "more chains than draws": the layout is explicit here
+        warnings.filterwarnings("ignore", message="More chains", category=UserWarning)
+        return az.from_dict(posterior={var_name: chains}, dims={var_name: [dim]},
+                            coords={dim: np.arange(chains.shape[2])})
 
 
 def mcmc_summary(posterior: Any) -> dict[str, np.ndarray]:

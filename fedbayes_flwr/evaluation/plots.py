@@ -370,7 +370,7 @@ def mixture_posterior_figure(posterior: Any, x: np.ndarray, title: str = "") -> 
             alpha=0.35, label=f"held-out points ({len(data)})")
     ax.set_xlabel("x")
     ax.set_ylabel("density")
-    ax.legend(loc="upper right", fontsize="small")
+    ax.legend(loc="upper left", fontsize="x-small")
     if title:
         ax.set_title(title)
     return fig

@@ -152,3 +152,15 @@ def test_mixture_posterior_draws_the_predictive_density_and_the_merged_component
     assert sizes[0] > sizes[1]  # E[weight] 0.75 vs 0.25
     assert plots.mixture_posterior_figure(post, np.zeros((5, 2))) is None  # not 1-D: no figure
     _close(fig)
+
+
+def test_progress_line_shows_a_samplers_ess_and_rhat_and_amps_metrics():
+    from fedbayes_flwr.runtime.recorder import progress_text
+
+    sampler = {"round": 300, "test_nll": 1.4783, "rejected_replies": 0,
+               "diagnostics": {"ess_min": 453.6, "rhat_max": 1.0238, "ess_mean": 700.0}}
+    assert progress_text(sampler) == "test_nll=1.478 rejected_replies=0 ess_min=453.6 rhat_max=1.024"
+    one_chain = {"round": 1, "diagnostics": {"ess_min": 20.0, "rhat_max": float("nan")}}
+    assert progress_text(one_chain) == "ess_min=20"  # no R-hat from one chain
+    amps = {"round": 1, "heldout_loglik": -1.287, "objective": 367.0, "rejected_replies": 0}
+    assert progress_text(amps) == "heldout_loglik=-1.287 objective=367 rejected_replies=0"
