@@ -335,9 +335,10 @@ def start_ray(init_args: dict) -> None:
     Flower's Ray backend calls ``ray.init`` only when Ray is not initialised yet, with a
     ``runtime_env`` of its own (``PYTHONPATH`` alone); started here first, with the same
     ``PYTHONPATH`` and ``init_args``, every worker also gets
-    :data:`fedbayes_flwr.runtime.quiet.WORKER_ENV` (``TF_CPP_MIN_LOG_LEVEL=3``) and runs
-    :func:`fedbayes_flwr.runtime.quiet.quiet_worker` as its setup hook, before the actor's class
-    (whose module imports TensorFlow) is loaded: that import then runs with standard error
+    :data:`fedbayes_flwr.runtime.quiet.WORKER_ENV` (``TF_CPP_MIN_LOG_LEVEL=3``) and, first on
+    its ``PYTHONPATH``, :data:`fedbayes_flwr.runtime.quiet.WORKER_SITE`, whose
+    ``sitecustomize`` runs :func:`fedbayes_flwr.runtime.quiet.quiet_worker` at interpreter
+    start-up: the TensorFlow import of Flower's actor module then runs with standard error
     silenced, and the actors' "Manually terminating ClientAppActor" lines are dropped. Flower
     shuts Ray down at the end as before. Ray's FutureWarning about accelerator variables is not
     shown: this CLI relies on today's behaviour (an actor with no GPU sees none).
@@ -346,7 +347,7 @@ def start_ray(init_args: dict) -> None:
 
     import ray
 
-    from fedbayes_flwr.runtime.quiet import WORKER_ENV
+    from fedbayes_flwr.runtime.quiet import WORKER_ENV, WORKER_SITE
 
     if ray.is_initialized():
         return
@@ -354,9 +355,8 @@ def start_ray(init_args: dict) -> None:
     if os.environ.get("PYTHONPATH"):
         pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
     os.environ["PYTHONPATH"] = pythonpath
-    runtime_env = {"env_vars": {"PYTHONPATH": pythonpath, **WORKER_ENV},
-                   "worker_process_setup_hook":
-                       "fedbayes_flwr.runtime.quiet.quiet_worker"}
+    runtime_env = {"env_vars": {"PYTHONPATH": f"{WORKER_SITE}{os.pathsep}{pythonpath}",
+                                **WORKER_ENV}}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
                                 category=FutureWarning)

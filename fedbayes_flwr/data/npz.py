@@ -46,6 +46,11 @@ def check_npz_file(path: str, target: str) -> None:
     DataError
         When the file is missing, not a ``.npz`` archive, unreadable, lacks ``x_train`` (or
         ``y_train`` when targets are needed), or has only one of ``x_test`` and ``y_test``.
+
+    References
+    ----------
+    NumPy Enhancement Proposal 1, "A simple file format for NumPy arrays" (``.npz`` is a zip
+    archive of ``.npy`` members; its directory is read without the arrays).
     """
     where = f"data file {path!r}"
     if os.path.isdir(path):

@@ -132,6 +132,11 @@ def history_figure(history: list[dict], title: str = "") -> Any:
         Each panel's first line is the metric; the last value is written next to its point (a
         one-update run, AMPS's one-shot merge, still reads as numbers); AMPS's ``objective`` panel
         also draws ``naive_objective``. The y span is floored (module docstring).
+
+    References
+    ----------
+    Vehtari et al. (2021), "Rank-normalization, folding, and localization: an improved R-hat",
+    Bayesian Analysis 16(2), Section 4 (the R-hat < 1.01 line drawn on the ``rhat_max`` panel).
     """
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator

@@ -253,6 +253,11 @@ def describe_model(name: str) -> str:
     ------
     ValueError
         ``name`` is not registered.
+
+    References
+    ----------
+    numpydoc's docstring standard (the summary line is the first paragraph); the registration
+    contract of :func:`register_model`.
     """
     cls = model_class(name)
     source = _SOURCES.get(name)

@@ -8,12 +8,12 @@ TensorFlow loads and imports TensorFlow with descriptor 2 pointed at ``/dev/null
 
 :func:`quiet_tensorflow_import` does that for whoever imports TensorFlow first in a process: it
 sets :data:`WORKER_ENV` and puts a finder on ``sys.meta_path`` that runs TensorFlow's import, when
-it comes, with the descriptor silenced. :func:`quiet_worker`, the Ray workers' setup hook that
-the CLI names, calls it (and drops the "Manually terminating ClientAppActor" line each actor
-logs when the run ends); the hook
-runs in every worker before the actor's class (whose Flower module imports TensorFlow) is loaded;
-nothing is imported by the hook itself (importing TensorFlow there, next to Ray's starting
-threads, aborted a worker in a trial).
+it comes, with the descriptor silenced. :func:`quiet_worker` calls it in each Ray
+worker the CLI starts, at interpreter start-up (``worker_site/sitecustomize.py``, first on the
+workers' ``PYTHONPATH``), and drops the "Manually terminating ClientAppActor" line each actor
+logs when the run ends. It runs while the worker is single-threaded: Ray's own
+``worker_process_setup_hook`` runs next to the core worker's threads, and with it a worker
+aborted ("absl Mutex corrupt") in three of six trial runs here (the cause was not isolated).
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["WORKER_ENV", "quiet_tensorflow_import", "quiet_worker", "silenced_stderr_fd"]
+__all__ = ["WORKER_ENV", "WORKER_SITE", "quiet_tensorflow_import", "quiet_worker", "silenced_stderr_fd"]
+
+WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
+"""The folder whose ``sitecustomize.py`` runs :func:`quiet_worker` at a worker's start-up."""
 
 WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 """Environment of worker processes (Ray actors): C++ notices below FATAL off (the ``cuInit``
@@ -91,7 +94,14 @@ class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
 def quiet_tensorflow_import() -> None:
     """Set :data:`WORKER_ENV` (where the environment does not set it) and make this process's
     first ``import tensorflow`` run with file descriptor 2 silenced (a ``sys.meta_path`` finder,
-    removed once used). Imports nothing; a no-op where TensorFlow is already imported."""
+    removed once used). Imports nothing; a no-op where TensorFlow is already imported.
+
+    References
+    ----------
+    PEP 451, "A ModuleSpec Type for the Import System" (finders return a spec whose loader
+    executes the module); TensorFlow issue 100442 (``TF_CPP_MIN_LOG_LEVEL`` does not silence
+    the import-time lines).
+    """
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)
     if "tensorflow" in sys.modules or any(isinstance(f, _QuietTensorFlowFinder)
@@ -116,11 +126,16 @@ WORKER_DROPPED = ("Manually terminating",)
 
 
 def quiet_worker() -> None:
-    """Setup hook of a Ray worker (``runtime_env={"worker_process_setup_hook": ...}``):
+    """Start-up of a Ray worker (``worker_site/sitecustomize.py``):
     :func:`quiet_tensorflow_import`, and Flower's logger (``"flwr"``) without the lines of
-    :data:`WORKER_DROPPED`; :data:`WORKER_ENV` is set whatever the inherited environment says
     (``import fedbayes_flwr`` itself defaults ``TF_CPP_MIN_LOG_LEVEL`` to 2). Imports neither
-    TensorFlow nor Flower."""
+    TensorFlow nor Flower.
+
+    References
+    ----------
+    The Python documentation of the ``site`` module (``sitecustomize`` is imported at start-up,
+    after ``PYTHONPATH`` is on ``sys.path``).
+    """
     os.environ.update(WORKER_ENV)
     quiet_tensorflow_import()
     logger = logging.getLogger("flwr")
