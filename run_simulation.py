@@ -390,8 +390,10 @@ def main(argv=None, reap: bool = False) -> int:
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    with _silenced_stderr_fd():
-        import tensorflow  # noqa: F401  (its C++ start-up noise goes to /dev/null)
+    with _silenced_stderr_fd():  # TensorFlow's C++ start-up lines go to /dev/null, and so does
+        import tensorflow as tf  # the cuInit ERROR of its device discovery without a GPU
+
+        tf.config.list_physical_devices()
     from fedbayes_flwr.runtime.experiment import build_experiment
 
     try:
