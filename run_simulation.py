@@ -7,8 +7,14 @@ Example::
         --num-clients 10 --partition dirichlet --partition-alpha 0.5 --num-rounds 10 --seed 0 \\
         --output-dir runs/demo --run-config "damping=0.5 schedule='sequential'"
 
-Bad input exits with status 2 and one line on stderr saying what is wrong. Algorithm keys take
-their section (``pvi.damping=0.5``) or, for the chosen algorithm, the bare key (``damping=0.5``).
+``python run_simulation.py list [algorithms|models|datasets]`` names every algorithm, model and
+dataset with one line each, from the registries (plugins named with ``--run-config
+"algorithm-modules=... model-modules=..."`` included).
+
+Bad input exits with status 2 and one line on stderr saying what is wrong; the cheap checks (the
+run-config keys, the data file and its keys, the output directory) run before TensorFlow and Flower
+are imported, so they answer in about a second. Algorithm keys take their section
+(``pvi.damping=0.5``) or, for the chosen algorithm, the bare key (``damping=0.5``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import os
 import sys
 
 # Keep TensorFlow / Flower quiet and offline before anything imports them.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # 3: also the cuInit ERROR of a machine without GPU
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -44,23 +50,33 @@ class _OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+LIST_KINDS = ("algorithms", "models", "datasets")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = _OneLineParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Every run-config key (see README) can be set with --run-config \"key=value ...\".")
-    with _silenced_stderr_fd():  # the registry's families import TensorFlow
+        epilog="Every run-config key (see README) can be set with --run-config \"key=value ...\". "
+               "`run_simulation.py list [algorithms|models|datasets]` describes every name in "
+               "one line.")
+    with _silenced_stderr_fd():  # a plugin module may import TensorFlow
         from fedbayes_flwr.algorithms import registry
+        from fedbayes_flwr.data import DATASETS, HUB_PREFIX
         from fedbayes_flwr.models import registry as model_registry
 
         _load_plugins_for_help(sys.argv[1:] if argv is None else argv)
         algorithms = ", ".join(registry.names())
         models = ", ".join(model_registry.ALL_MODELS)
+    extras = {"algorithm": f": one of {algorithms} (the registry; plugins with --run-config "
+                           f"algorithm-modules=...)",
+              "model": f": one of {models} (the registry; plugins with "
+                       f"--run-config model-modules=...)",
+              "dataset": f": one of {', '.join(DATASETS)}, or {HUB_PREFIX}<id> (a Hugging Face "
+                         f"dataset); --data FILE.npz for your own arrays",
+              "data": ": a .npz file with x_train, y_train (x_test, y_test, client_id optional)"}
     for flag, kind in FLAGS.items():
-        extra = {"algorithm": f": one of {algorithms} (the registry)",
-                 "model": f": one of {models} (the registry; plugins with "
-                          f"--run-config model-modules=...)"}.get(flag, "")
         parser.add_argument(f"--{flag}", type=kind, default=None,
-                            help=f"run-config key '{flag}'{extra}")
+                            help=f"run-config key '{flag}'{extras.get(flag, '')}")
     parser.add_argument("--engine", choices=("simulation", "in-process", "deployment"),
                         default="simulation",
                         help="Flower's Simulation Engine (default), the library alone, or a "
@@ -106,6 +122,63 @@ def _load_plugins_for_help(argv) -> None:
             load_model_modules(str(values.get("model-modules", "")))
         except ConfigError:
             continue
+
+
+def catalogue(kind: str) -> list[tuple[str, str]]:
+    """``(name, one line)`` for every registered algorithm, model or dataset (``kind`` one of
+    :data:`LIST_KINDS`), read from the registries when called, so plugins loaded before show up."""
+    if kind == "algorithms":
+        from fedbayes_flwr.algorithms import registry
+
+        return [(e.name, e.description or e.bundle.name) for e in registry.entries()]
+    if kind == "models":
+        from fedbayes_flwr.models import describe_model
+        from fedbayes_flwr.models import registry as model_registry
+
+        return [(name, describe_model(name)) for name in model_registry.ALL_MODELS]
+    if kind == "datasets":
+        from fedbayes_flwr.data import DATASET_DESCRIPTIONS, DATASETS, HUB_PREFIX
+
+        return [*((name, DATASET_DESCRIPTIONS.get(name, "")) for name in DATASETS),
+                (f"{HUB_PREFIX}<id>", "a Hugging Face dataset through flwr-datasets, e.g. "
+                                      "hub:mnist (needs the network)"),
+                ("--data FILE.npz", "your own arrays: x_train, y_train; x_test, y_test and "
+                                    "client_id optional")]
+    raise ValueError(f"unknown kind {kind!r}; choose one of {', '.join(LIST_KINDS)}")
+
+
+def list_main(argv) -> int:
+    """``run_simulation.py list [algorithms|models|datasets] [--run-config ...]``: print the
+    names with one line each; exit 2 with one line when a plugin module cannot be imported."""
+    parser = argparse.ArgumentParser(
+        prog="run_simulation.py list",
+        description="Name every algorithm, model and dataset a run can use, one line each, "
+                    "from the registries.")
+    parser.add_argument("kind", nargs="?", choices=LIST_KINDS,
+                        help="what to list (default: all three)")
+    parser.add_argument("--run-config", action="append", default=[],
+                        help="load plugins first: \"algorithm-modules=... model-modules=...\"")
+    args = parser.parse_args(argv)
+    from fedbayes_flwr.algorithms import registry
+    from fedbayes_flwr.models import load_model_modules
+    from fedbayes_flwr.runtime.config import ConfigError, parse_override_string
+
+    try:
+        with _silenced_stderr_fd():  # a plugin module may import TensorFlow
+            for text in args.run_config:
+                values = parse_override_string(text)
+                registry.load_modules(str(values.get("algorithm-modules", "")))
+                load_model_modules(str(values.get("model-modules", "")))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for kind in (args.kind,) if args.kind else LIST_KINDS:
+        rows = catalogue(kind)
+        width = max(len(name) for name, _ in rows)
+        print(f"{kind}:")
+        for name, line in rows:
+            print(f"  {name:<{width}}  {line}")
+    return 0
 
 
 def resume_overrides(args: argparse.Namespace, ckpt) -> dict:
@@ -187,6 +260,8 @@ def check_output_dir(path: str) -> None:
         probe = os.path.dirname(probe)
     if probe and not os.path.isdir(probe):
         raise ConfigError(f"output-dir {path!r}: {probe!r} is a file, not a directory")
+    if probe and not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"output-dir {path!r}: {probe!r} is not writable")
     limit = os.pathconf(probe or "/", "PC_NAME_MAX")
     long = [p for p in path.split(os.sep) if len(os.fsencode(p)) > limit]
     if long:
@@ -197,6 +272,18 @@ def check_output_dir(path: str) -> None:
     except OSError as err:
         raise ConfigError(f"output-dir {path!r}: cannot create a directory in {probe!r} "
                           f"({err.strerror or err})") from None
+
+
+def check_inputs(config) -> None:
+    """The checks that need neither TensorFlow nor Flower: the output directory and, for
+    ``data``, the file and the keys the model needs (:func:`fedbayes_flwr.data.npz.check_npz_file`);
+    raises ConfigError or DataError. The run config itself was validated by parsing it."""
+    from fedbayes_flwr.data.npz import check_npz_file
+    from fedbayes_flwr.models import model_spec
+
+    check_output_dir(os.path.abspath(config.output_dir))
+    if config.data:
+        check_npz_file(config.data, model_spec(config.model).target)
 
 
 RAY_CONNECT_TIMEOUT_S = 5.0  # a head on the local network answers in milliseconds
@@ -258,22 +345,47 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
-@contextlib.contextmanager
 def _silenced_stderr_fd():
-    """Send file descriptor 2 to /dev/null for the block: TensorFlow's C++ start-up lines
-    (oneDNN, cuInit, absl) are written there before TF_CPP_MIN_LOG_LEVEL applies; Python-level
-    errors are re-raised after the descriptor is restored."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    """File descriptor 2 to /dev/null for a block (:func:`fedbayes_flwr.runtime.quiet.silenced_stderr_fd`):
+    TensorFlow's C++ start-up lines (oneDNN, cuInit, absl) are written there before
+    TF_CPP_MIN_LOG_LEVEL applies."""
+    from fedbayes_flwr.runtime.quiet import silenced_stderr_fd
+
+    return silenced_stderr_fd()
+
+
+def start_ray(init_args: dict) -> None:
+    """Start (or attach to) Ray for Flower's Simulation Engine with quiet workers.
+
+    Flower's Ray backend calls ``ray.init`` only when Ray is not initialised yet, with a
+    ``runtime_env`` of its own (``PYTHONPATH`` alone); started here first, with the same
+    ``PYTHONPATH`` and ``init_args``, every worker also gets
+    :data:`fedbayes_flwr.runtime.quiet.WORKER_ENV` (``TF_CPP_MIN_LOG_LEVEL=3``) and, first on
+    its ``PYTHONPATH``, :data:`fedbayes_flwr.runtime.quiet.WORKER_SITE`, whose
+    ``sitecustomize`` runs :func:`fedbayes_flwr.runtime.quiet.quiet_worker` at interpreter
+    start-up: the TensorFlow import of Flower's actor module then runs with standard error
+    silenced, and the actors' "Manually terminating ClientAppActor" lines are dropped. Flower
+    shuts Ray down at the end as before. Ray's FutureWarning about accelerator variables is not
+    shown: this CLI relies on today's behaviour (an actor with no GPU sees none).
+    """
+    import warnings
+
+    import ray
+
+    from fedbayes_flwr.runtime.quiet import WORKER_ENV, WORKER_SITE
+
+    if ray.is_initialized():
+        return
+    pythonpath = os.pathsep.join(sys.path)  # what Flower's backend passes its workers
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    runtime_env = {"env_vars": {"PYTHONPATH": f"{WORKER_SITE}{os.pathsep}{pythonpath}",
+                                **WORKER_ENV}}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray",
+                                category=FutureWarning)
+        ray.init(runtime_env=runtime_env, **{"include_dashboard": False, **init_args})
 
 
 def _run_engine(args, config, overrides, exp, ckpt) -> int | None:
@@ -305,14 +417,14 @@ def main(argv=None, reap: bool = False) -> int:
     import warnings
 
     warnings.formatwarning = _one_line_warning  # e.g. the rows held out of a file without x_test
-    with _silenced_stderr_fd():
-        import tensorflow  # noqa: F401  (its C++ start-up noise goes to /dev/null)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["list"]:
+        return list_main(argv[1:])
     args = parse_args(argv)
     from fedbayes_flwr.data import DataError
     from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
-    from fedbayes_flwr.runtime.experiment import build_experiment
 
-    try:
+    try:  # first the cheap checks: no TensorFlow, no Flower yet
         ckpt = None
         if args.resume:
             from fedbayes_flwr.runtime.checkpoint import load as load_checkpoint
@@ -320,9 +432,19 @@ def main(argv=None, reap: bool = False) -> int:
             ckpt = load_checkpoint(args.resume)
         overrides = resume_overrides(args, ckpt) if ckpt else build_overrides(args)
         config = parse_run_config(overrides)
-        check_output_dir(os.path.abspath(config.output_dir))
+        check_inputs(config)
         overrides["output-dir"] = os.path.abspath(config.output_dir)
         config = config.replace(output_dir=overrides["output-dir"])
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with _silenced_stderr_fd():  # TensorFlow's C++ start-up lines go to /dev/null, and so does
+        import tensorflow as tf  # the cuInit ERROR of its device discovery without a GPU
+
+        tf.config.list_physical_devices()
+    from fedbayes_flwr.runtime.experiment import build_experiment
+
+    try:
         exp = build_experiment(config)
         if args.ray_address is not None and args.engine == "simulation":
             check_ray_address(args.ray_address)
@@ -375,6 +497,9 @@ def main(argv=None, reap: bool = False) -> int:
               f"{why} (finished rows are in {result_file})", file=sys.stderr)
         return 1
     final = {k: v for k, v in result["final"].items() if isinstance(v, float)}
+    diagnostics = (result["history"][-1].get("diagnostics") or {}) if result["history"] else {}
+    final.update({k: diagnostics[k] for k in ("ess_min", "rhat_max")  # a sampler's
+                  if isinstance(diagnostics.get(k), float) and diagnostics[k] == diagnostics[k]})
     print(json.dumps({"output_dir": config.output_dir, "final": final}, indent=2))
     return 0
 
@@ -446,11 +571,13 @@ def run_flower_simulation(overrides: dict, num_clients: int, num_cpus: float,
     root = os.path.dirname(os.path.abspath(__file__))
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    backend_config = ray_backend_config(num_cpus, num_gpus, ray_address)
+    start_ray(backend_config["init_args"])
     run_simulation(
         server_app=make_server_app(overrides, "simulation", progress),
         client_app=make_client_app(overrides),
         num_supernodes=num_clients,
-        backend_config=ray_backend_config(num_cpus, num_gpus, ray_address),
+        backend_config=backend_config,
     )
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from fedbayes_flwr.deploy import run as deploy_run
 from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.evaluation.diagnostics import to_inference_data
 from fedbayes_flwr.inference.posterior import Posterior, StructuredPosterior, load_posterior
 from fedbayes_flwr.models import Model, register_object
 from fedbayes_flwr.models.base import Prediction
@@ -135,6 +136,24 @@ class FittedPosterior:
     def save(self, path: str | os.PathLike) -> None:
         """Write the posterior to an ``.npz`` file (as a run's ``posterior.npz``)."""
         self.wrapped.save(path)
+
+    def to_arviz(self) -> Any:
+        """The draws as an ArviZ ``InferenceData`` (sample posteriors: PDMC, decentralized HMC,
+        SGLD, particles), for ArviZ's own diagnostics and plots (``arviz.summary``,
+        ``arviz.plot_trace``, ...); see
+        :func:`fedbayes_flwr.evaluation.diagnostics.to_inference_data`.
+
+        Raises
+        ------
+        ValueError
+            The posterior has no draws (Gaussian or structured).
+
+        References
+        ----------
+        Kumar et al. (2019), "ArviZ a unified library for exploratory analysis of Bayesian
+        models in Python", JOSS 4(33).
+        """
+        return to_inference_data(self.wrapped)
 
 
 @dataclasses.dataclass(frozen=True)

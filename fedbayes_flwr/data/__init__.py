@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from fedbayes_flwr.data.amps_sets import AMPS_SETS, load_amps_set
 from fedbayes_flwr.data.base import (
+    DATASET_DESCRIPTIONS,
     DATASETS,
     HUB_PREFIX,
     TARGETS,
@@ -39,6 +40,7 @@ from fedbayes_flwr.data.text import TEXT_MAX_FEATURES
 
 __all__ = [
     "DATASETS",
+    "DATASET_DESCRIPTIONS",
     "HUB_PREFIX",
     "PARTITIONS",
     "SYNTHETIC",

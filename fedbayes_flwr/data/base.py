@@ -12,6 +12,7 @@ import numpy as np
 
 __all__ = [
     "DATASETS",
+    "DATASET_DESCRIPTIONS",
     "HUB_PREFIX",
     "TARGETS",
     "DataError",
@@ -24,6 +25,20 @@ __all__ = [
 DATASETS = ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d",
             "amps-mixture", "amps-gaussian", "lda-corpus", "latent-features")
 """Names of the embedded datasets accepted by :func:`fedbayes_flwr.data.load_dataset`."""
+
+DATASET_DESCRIPTIONS = {
+    "breast-cancer": "scikit-learn's Wisconsin breast cancer: 569 rows, 30 features, binary labels",
+    "diabetes": "scikit-learn's diabetes: 442 rows, 10 features, real-valued targets",
+    "digits": "scikit-learn's 8x8 digits: 1,797 rows, 64 pixels, 10 classes (offline MNIST stand-in)",
+    "synthetic": "generated from the run seed for the model's target kind (synthetic-size, synthetic-dim)",
+    "twonorm": "Breiman's twonorm: two Gaussian classes in 20 dimensions, generated (fixed seed)",
+    "mixture-1d": "rows of 1-D Gaussian-mixture likelihoods for a scalar theta (DSVGD's toy target)",
+    "amps-mixture": "the AMPS paper's 1-D Gaussian mixture: 30 training, 2,000 held-out points",
+    "amps-gaussian": "the AMPS paper's Gaussian example: x ~ N(1, 1), 100 training points",
+    "lda-corpus": "a synthetic LDA corpus: 100 words, 10 topics, 1,000 training documents",
+    "latent-features": "the AMPS paper's latent-feature data: 5 binary features in 10 dimensions",
+}
+"""One line per name of :data:`DATASETS` (``run_simulation.py list datasets``)."""
 
 HUB_PREFIX = "hub:"
 """Prefix of dataset names loaded from the Hugging Face Hub, e.g. ``"hub:mnist"``."""

@@ -24,7 +24,63 @@ from fedbayes_flwr.data.base import (
     num_test_rows,
 )
 
-__all__ = ["load_npz"]
+__all__ = ["check_npz_file", "load_npz"]
+
+
+def check_npz_file(path: str, target: str) -> None:
+    """Check what can be checked without reading the arrays: the file exists, is a ``.npz``
+    archive whose directory can be read, and holds the keys a model needing ``target`` uses.
+
+    Cheap (the zip directory only), so the CLI runs it before importing TensorFlow and Flower;
+    :func:`load_npz` runs it first too.
+
+    Parameters
+    ----------
+    path : str
+        Path of the ``.npz`` file.
+    target : str
+        The target kind the model needs, one of :data:`fedbayes_flwr.data.TARGETS`.
+
+    Raises
+    ------
+    DataError
+        When the file is missing, not a ``.npz`` archive, unreadable, lacks ``x_train`` (or
+        ``y_train`` when targets are needed), or has only one of ``x_test`` and ``y_test``.
+
+    References
+    ----------
+    NumPy Enhancement Proposal 1, "A simple file format for NumPy arrays" (``.npz`` is a zip
+    archive of ``.npy`` members; its directory is read without the arrays).
+    """
+    where = f"data file {path!r}"
+    if os.path.isdir(path):
+        raise DataError(f"{where} is a directory, not a .npz file")
+    if not os.path.isfile(path):
+        raise DataError(f"{where} does not exist")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise DataError(f"{where} cannot be read: {exc.strerror}") from None
+    if magic != b"PK\x03\x04" and magic != b"PK\x05\x06":  # a zip archive (what np.savez writes)
+        kind = "a single-array .npy file" if magic.startswith(b"\x93NUM") else "not a zip archive"
+        raise DataError(f"{where} is not a .npz archive ({kind}); save the arrays with "
+                        f"numpy.savez(path, x_train=..., y_train=...)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            keys = set(npz.files)
+    except Exception as exc:  # any read failure is a data error
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{where} is not a readable .npz file: {msg}") from None
+    if "x_train" not in keys:
+        raise DataError(f"{where}: missing required key 'x_train'")
+    needs_y = target != "none"
+    if needs_y and "y_train" not in keys:
+        raise DataError(f"{where}: key 'y_train' is required: this model needs {needs(target)}")
+    has_xt, has_yt = "x_test" in keys, "y_test" in keys
+    if needs_y and has_xt != has_yt:
+        given, missing = ("x_test", "y_test") if has_xt else ("y_test", "x_test")
+        raise DataError(f"{where}: key '{given}' is given without '{missing}'")
 
 
 def load_npz(path: str, target: str, *, seed: int, test_fraction: float) -> Dataset:
@@ -57,16 +113,7 @@ def load_npz(path: str, target: str, *, seed: int, test_fraction: float) -> Data
         When the file is missing, unreadable or its arrays are invalid for `target`.
     """
     where = f"data file {path!r}"
-    if os.path.isdir(path):
-        raise DataError(f"{where} is a directory, not a .npz file")
-    if not os.path.isfile(path):
-        raise DataError(f"{where} does not exist")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"PK\x03\x04" and magic != b"PK\x05\x06":  # a zip archive (what np.savez writes)
-        kind = "a single-array .npy file" if magic.startswith(b"\x93NUM") else "not a zip archive"
-        raise DataError(f"{where} is not a .npz archive ({kind}); save the arrays with "
-                        f"numpy.savez(path, x_train=..., y_train=...)")
+    check_npz_file(path, target)
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {key: np.asarray(npz[key]) for key in npz.files}
@@ -75,15 +122,11 @@ def load_npz(path: str, target: str, *, seed: int, test_fraction: float) -> Data
         raise DataError(f"{where} is not a readable .npz file: {msg}") from None
 
     needs_y = target != "none"
-    if "x_train" not in arrays:
-        raise DataError(f"{where}: missing required key 'x_train'")
     x_train = as_x(arrays["x_train"], "x_train", where)
     n, d = x_train.shape
 
     y_train = None
     if needs_y:
-        if "y_train" not in arrays:
-            raise DataError(f"{where}: key 'y_train' is required: this model needs {needs(target)}")
         y_train = as_y(arrays["y_train"], "y_train", where, target)
         if y_train.shape[0] != n:
             raise DataError(
@@ -108,11 +151,7 @@ def load_npz(path: str, target: str, *, seed: int, test_fraction: float) -> Data
                             f"{int(cid.max())}")
         client_id = i64(cid)
 
-    has_xt, has_yt = "x_test" in arrays, "y_test" in arrays
-    if needs_y and has_xt != has_yt:
-        given, missing = ("x_test", "y_test") if has_xt else ("y_test", "x_test")
-        raise DataError(f"{where}: key '{given}' is given without '{missing}'")
-
+    has_xt = "x_test" in arrays
     holdout = 0
     if has_xt:
         x_test = as_x(arrays["x_test"], "x_test", where)

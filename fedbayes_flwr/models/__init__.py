@@ -44,6 +44,7 @@ from fedbayes_flwr.models.linear import (
 from fedbayes_flwr.models.mixture import MixtureLikelihood1D
 from fedbayes_flwr.models.registry import (
     STRUCTURED_MODELS,
+    describe_model,
     exact_posterior,
     load_model_modules,
     make_model,
@@ -88,6 +89,7 @@ __all__ = [
     "exact_posterior",
     "load_model_modules",
     "make_model",
+    "describe_model",
     "model_names",
     "model_spec",
     "parse_hidden",

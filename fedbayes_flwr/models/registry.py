@@ -20,6 +20,7 @@ import functools
 import hashlib
 import importlib
 import json
+import re
 import threading
 
 import numpy as np
@@ -238,6 +239,44 @@ def model_spec(name: str) -> type[Model] | Model:
         if name in _FACTORIES:
             return _FACTORIES[name][1]
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
+
+
+def describe_model(name: str) -> str:
+    """One line about the model registered as ``name``: the first line of its class docstring
+    (reST markup removed) or a plugin model's ``description`` attribute, its target kind, and,
+    for a plugin, the module that registered it (``run_simulation.py list models``).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not registered.
+
+    References
+    ----------
+    numpydoc's docstring standard (the summary line is the first paragraph); the registration
+    contract of :func:`register_model`.
+    """
+    cls = model_spec(name)
+    source = _SOURCES.get(name)
+    fn = getattr(source, "log_likelihood_fn", None)  # a LikelihoodModel: its user's function
+    doc = str(getattr(source, "description", "") or getattr(fn, "__doc__", "")
+              or cls.__doc__ or "")
+    if fn is not None and not getattr(fn, "__doc__", None):
+        doc = f"LikelihoodModel of {getattr(fn, '__qualname__', 'a log-likelihood')}"
+    line = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, as one line
+    line = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", line).replace("``", "")
+    line = re.sub(rf"^{re.escape(name)}:\s*", "", line).rstrip(".")
+    if len(line) > 90:
+        line = line[:87].rsplit(" ", 1)[0] + " ..."
+    target = getattr(cls, "target", "none")
+    where = ""
+    if source is not None:
+        module = getattr(fn or source, "__module__", None) or type(source).__module__
+        where = f"; plugin from {module}"
+    elif name in _STRUCTURED:
+        where = "; AMPS family only"
+    label = (cls if isinstance(cls, type) else type(cls)).__qualname__
+    return f"{line or label} (target: {target}{where})"
 
 
 @functools.cache

@@ -7,18 +7,21 @@ quadratic I/O.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 
 import numpy as np
 
+from fedbayes_flwr.inference.posterior import TracePosterior
 from fedbayes_flwr.runtime.checkpoint import Checkpoint, save
 
 OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed", "interrupted")
 # The files a run writes; a reused output directory loses these (and only these) at the start.
-RESULT_FILES = ("result.json", "posterior.npz", "metrics.png", "reliability.png",
-                "checkpoint.npz")
+RESULT_FILES = ("result.json", "posterior.npz", "metrics.png", "reliability.png", "trace.png",
+                "posterior.png", "checkpoint.npz")
+TRACE_MIN_DRAWS = 4  # fewer draws per chain (a warm-up record): no trace figure, no ESS
 
 
 class Recorder:
@@ -156,7 +159,12 @@ class Recorder:
     def finish(self) -> dict | None:
         """Write the final result file and the plots (written once, at the end of the run,
         however it ends), close the progress display; return the last row."""
-        from fedbayes_flwr.evaluation.plots import plot_history, plot_reliability
+        from fedbayes_flwr.evaluation.plots import (
+            plot_history,
+            plot_mixture_posterior,
+            plot_reliability,
+            plot_trace,
+        )
 
         self._progress.close()
         if self.history and self.accepted == 0 and self.outcome in ("running", "completed",
@@ -177,6 +185,13 @@ class Recorder:
         if self._diagram is not None:
             plot_reliability(self._diagram, os.path.join(self.output_dir, "reliability.png"),
                              title)
+        chains = getattr(self.posterior, "chains", None)
+        if isinstance(self.posterior, TracePosterior) and chains is not None \
+                and chains.shape[1] >= TRACE_MIN_DRAWS:  # a sampler's draws (not particles)
+            plot_trace(self.posterior, os.path.join(self.output_dir, "trace.png"), title)
+        if self.posterior is not None and self.posterior.kind == "structured":
+            plot_mixture_posterior(self.posterior, self.exp.dataset.x_test,
+                                   os.path.join(self.output_dir, "posterior.png"), title)
         return self.history[-1]
 
 
@@ -193,6 +208,24 @@ def _json_default(o):
     if isinstance(o, np.generic):
         return o.item()
     raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+PROGRESS_KEYS = ("test_accuracy", "test_nll", "test_rmse", "kl", "log_marginal_likelihood",
+                 "heldout_loglik", "objective", "rejected_replies")
+"""Keys of a row shown on the progress line (those present)."""
+PROGRESS_DIAGNOSTICS = ("ess_min", "rhat_max")
+"""Keys of a row's ``diagnostics`` shown too: a sampler's ESS and R-hat."""
+
+
+def progress_text(row: dict) -> str:
+    """The progress line's text for ``row``: its metrics (AMPS: held-out log-likelihood and
+    objective) and, for a sampler, the minimum ESS and maximum R-hat over coordinates."""
+    diagnostics = row.get("diagnostics") or {}
+    shown = {k: row[k] for k in PROGRESS_KEYS if row.get(k) is not None}
+    shown.update({k: diagnostics[k] for k in PROGRESS_DIAGNOSTICS
+                  if isinstance(diagnostics.get(k), float) and math.isfinite(diagnostics[k])})
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in shown.items())
 
 
 class _Progress:
@@ -216,11 +249,7 @@ class _Progress:
     def update(self, update: int, row: dict) -> None:
         if not self.enabled:
             return
-        shown = {k: row[k] for k in ("test_accuracy", "test_nll", "test_rmse", "kl",
-                                     "log_marginal_likelihood", "rejected_replies")
-                 if row.get(k) is not None}
-        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in shown.items())
+        text = progress_text(row)
         if self.bar is not None:
             self.bar.update(self.task, completed=update, description=text)
         else:

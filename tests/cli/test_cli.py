@@ -220,3 +220,71 @@ def test_a_key_of_a_section_the_run_does_not_use_is_refused(capsys):
                                 "--run-config", "dsvgd.num-particles=5"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "section 'dsvgd' is not used" in err[0]
+
+
+def test_list_names_every_registered_algorithm_model_and_dataset_with_one_line(capsys):
+    from fedbayes_flwr.algorithms import registry
+    from fedbayes_flwr.data import DATASETS
+    from fedbayes_flwr.models import registry as model_registry
+
+    code = run_simulation.main(["list", "--run-config", "model-modules='tests.helpers.user_models'"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("  "):
+            name, _, text = line.strip().partition("  ")
+            rows[name] = text.strip()
+    expected = [*registry.names(), *model_registry.ALL_MODELS, *DATASETS]
+    assert set(expected) <= set(rows), set(expected) - set(rows)
+    assert all(rows[name] for name in expected), [n for n in expected if not rows[n]]
+    assert "plugin from tests.helpers.user_models" in rows["user-poisson"]
+    assert [ln for ln in out.splitlines() if not ln.startswith("  ")] == [
+        "algorithms:", "models:", "datasets:"]
+    assert run_simulation.main(["list", "datasets"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "datasets:"
+
+
+def test_list_with_a_bad_plugin_module_exits_2_with_one_line(capsys):
+    code = run_simulation.main(["list", "--run-config", "algorithm-modules='no.such.module'"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "no.such.module" in err
+
+
+def test_help_names_every_dataset(capsys):
+    from fedbayes_flwr.data import DATASETS
+
+    with pytest.raises(SystemExit):
+        run_simulation.parse_args(["--help"])
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at hyphens
+    assert all(name in out for name in DATASETS) and "hub:<id>" in out and "list" in out
+
+
+def test_missing_data_file_is_reported_before_tensorflow_or_flower_is_imported(tmp_path):
+    """The cheap checks run first: the process that reports a missing --data file (or a bad
+    key) has imported neither TensorFlow nor Flower (timing: benchmarks/flower/first_feedback.py)."""
+    keys_only = _npz(tmp_path, "k.npz", x_train=np.zeros((4, 2)))  # no y_train for a classifier
+    probe = ("import json, sys; sys.path.insert(0, {root!r}); import run_simulation; "
+             "code = run_simulation.main({argv!r}); "
+             "print(json.dumps([code, sorted({{m.split('.')[0] for m in sys.modules}} & "
+             "{{'tensorflow', 'flwr', 'ray', 'tensorflow_probability'}})]))")
+    for data, expected in ((str(tmp_path / "missing.npz"), "does not exist"),
+                           (keys_only, "'y_train' is required")):
+        argv = ["--data", data, "--output-dir", str(tmp_path / "out")]
+        proc = subprocess.run([sys.executable, "-c", probe.format(root=ROOT, argv=argv)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == [2, []], proc.stdout
+        assert proc.stderr.strip().startswith("error: ") and expected in proc.stderr
+
+
+def test_unwritable_output_dir_is_a_one_line_error(tmp_path, monkeypatch):
+    from fedbayes_flwr.runtime.config import ConfigError
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: os.fspath(p) != str(locked)
+                        and real_access(p, mode))  # root may write anywhere: pretend it may not
+    with pytest.raises(ConfigError, match="is not writable"):
+        run_simulation.check_output_dir(str(locked / "run"))
+    run_simulation.check_output_dir(str(tmp_path / "fine" / "run"))

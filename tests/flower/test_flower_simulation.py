@@ -46,7 +46,21 @@ def _simulate(out, argv, run_config, cpus="1"):
     coloured = re.compile(r"^\x1b\[[0-9;]*m(INFO|WARNING|ERROR|DEBUG)")  # Flower's log prefix
     assert not [ln for ln in driver if coloured.match(ln) or "DEPRECATED" in ln], driver[:20]
     assert not [ln for ln in driver if ln.startswith(("I0000", "WARNING: All log"))], driver[:20]
+    # ... and no TensorFlow/CUDA start-up line from the driver or any Ray actor (before the
+    # workers' setup hook every actor printed the absl banner, oneDNN, cudart and cuInit lines)
+    assert not tensorflow_lines(proc.stderr + proc.stdout), tensorflow_lines(proc.stderr)[:10]
     return json.loads((out / "result.json").read_text()), np.load(out / "posterior.npz")
+
+
+# TensorFlow's and CUDA's start-up lines (absl banner, oneDNN, cudart stub, cuInit) and the
+# actors' shutdown notice: none may reach the console, from the driver or any Ray actor.
+NOISE = ("absl::InitializeLog", "oneDNN custom operations", "Could not find cuda drivers",
+         "cuInit", "cpu_feature_guard", "Manually terminating ClientAppActor")
+
+
+def tensorflow_lines(console: str) -> list[str]:
+    """The console lines that carry one of :data:`NOISE`."""
+    return [ln for ln in console.splitlines() if any(n in ln for n in NOISE)]
 
 
 def _comparable(history):

@@ -32,12 +32,13 @@ from fedbayes_flwr.inference.posterior import (
     load_posterior,
 )
 from fedbayes_flwr.models import LikelihoodModel
+from fedbayes_flwr.runtime.recorder import TRACE_MIN_DRAWS
 
 LINEAR = {"model": "linear-regression", "dataset": "synthetic", "num-clients": 3, "num-rounds": 2}
 CASES = {
     "pvi": ({"algorithm": "pvi", **LINEAR}, GaussianPosterior),
     "dsvgd": ({"algorithm": "dsvgd", **LINEAR}, SamplePosterior),
-    "pdmc": ({"algorithm": "pdmc", **LINEAR}, TracePosterior),
+    "pdmc": ({"algorithm": "pdmc", **LINEAR, "num-rounds": 6}, TracePosterior),  # >= 4 draws: a trace
     "amps-gmm": ({"algorithm": "amps", "model": "gmm", "dataset": "amps-mixture",
                   "num-clients": 3, "partition": "iid", "noise-scale": 0.3, "num-rounds": 1},
                  StructuredPosterior),
@@ -58,6 +59,17 @@ def test_fit_then_load_gives_the_same_posterior_bitwise(tmp_path, case):
     np.testing.assert_array_equal(back.posterior.sample(5, seed=3), run.posterior.sample(5, seed=3))
     assert (back.history, back.final, back.outcome, back.output_dir) == (
         run.history, run.final, run.outcome, run.output_dir)
+    # the figures each kind gets: a sampler's trace, a 1-D merged mixture's posterior
+    out = tmp_path / case
+    assert (out / "trace.png").is_file() == (kind is TracePosterior)
+    assert kind is not TracePosterior or run.posterior.chains.shape[1] >= TRACE_MIN_DRAWS
+    assert (out / "posterior.png").is_file() == (case == "amps-gmm")
+    if kind in (SamplePosterior, TracePosterior):  # draws export to ArviZ, as they are
+        theta = back.posterior.to_arviz().posterior["theta"]
+        np.testing.assert_array_equal(theta.values, back.posterior.chains)
+    else:
+        with pytest.raises(ValueError, match="no draws"):
+            back.posterior.to_arviz()
 
 
 def test_sample_is_n_by_d_and_seeded_and_predict_is_the_models(tmp_path):
