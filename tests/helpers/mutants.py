@@ -51,11 +51,18 @@ SURVIVORS: dict[str, Mutant] = {
                   "tau = max(0, state.server_round - int(request_round))"),
 }
 
+#: Other mutants the audit named: the doubled cavity passed the conjugate exactness tests.
+OTHERS: dict[str, Mutant] = {
+    "cavity-x2": Mutant("fedbayes_flwr.algorithms.pvi.client", "cavity_for",
+                        "return G.sub(posterior, factor)",
+                        "return G.sub(posterior, G.scale(factor, 2.0))"),
+}
+
 
 def apply(monkeypatch, name: str):
     """Patch survivor ``name`` in: every loaded module's reference to the original function is
     replaced by the mutated one (``from x import f`` copies included). Returns the mutant."""
-    mutant = SURVIVORS[name]
+    mutant = {**SURVIVORS, **OTHERS}[name]
     module = importlib.import_module(mutant.module)
     original = getattr(module, mutant.function)
     source = textwrap.dedent(inspect.getsource(original))
