@@ -129,9 +129,10 @@ def test_svgd_baseline_matches_the_exact_posterior():
         _check_exact(particles, exp, shift=0.6)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 26: DSVGD's distilled factors are unsound; 3 iid "
-                   "clients, 2 passes, N = 50, 50 + 50 iterations: W1 1.96 / 1.21 posterior sd "
-                   "(bound 0.50), mean error -1.90 / 1.21 sd, std ratio 1.69 / 0.97")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 26: DSVGD's distilled factors are unsound; 3 iid clients, 2 passes, N = 50, 50 + 50 "
+    "iterations: W1 1.96 / 1.21 posterior sd (bound 0.50), mean error -1.90 / 1.21 sd, std ratio "
+    "1.69 / 0.97"))
 def test_dsvgd_matches_the_exact_posterior():
     """DSVGD itself against the exact posterior, the same bar as centralised SVGD above."""
     exp = _experiment(algorithm="dsvgd", **{**EXACT, "num-rounds": 6, "local-iterations": 50,
@@ -139,9 +140,10 @@ def test_dsvgd_matches_the_exact_posterior():
     _check_exact(_particles(exp)[-1], exp)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 26: P-DSVGD's merge target KDE(old)^(1 - S) prod "
-                   "KDE_k grows in the tails (S = 3); after one round from prior particles (50 "
-                   "iterations) W1 is 11.0 / 11.2 posterior sd (bound 0.50), std ratio 23.5 / 23.2")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 26: P-DSVGD's merge target KDE(old)^(1 - S) prod KDE_k grows in the tails (S = 3); "
+    "after one round from prior particles (50 iterations) W1 is 11.0 / 11.2 posterior sd "
+    "(bound 0.50), std ratio 23.5 / 23.2"))
 def test_p_dsvgd_one_round_matches_the_exact_posterior():
     """Round 1 from prior particles: every client's target is ``p0 l_k`` (the cavity cancels), so
     the merge target ``p0^(1 - S) prod_k p0 l_k`` is the exact posterior (Kassab & Simeone 2022,
