@@ -52,8 +52,14 @@ TESTS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def _copy(scratch: Path) -> None:
-    """The working tree (tracked and untracked, not ignored) into ``scratch``."""
+def _copy(scratch: Path, base: str | None = None) -> None:
+    """The working tree (tracked and untracked, not ignored) into ``scratch``; with ``base``, the
+    tree of that commit instead (the tests as they were before the killing tests were written)."""
+    if base is not None:
+        archive = subprocess.run(["git", "archive", base], cwd=ROOT, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
+        return
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
                            check=True, capture_output=True).stdout.decode().split("\0")
     for name in filter(None, files):
@@ -70,26 +76,27 @@ def _first_failure(output: str) -> tuple[str | None, str | None]:
     return test.group(1), (test.group(2) or "")[:300]
 
 
-def run(mutant: str, which: str) -> dict:
+def run(mutant: str, which: str, base: str | None = None, marks: str = "not deployment") -> dict:
     edit = SURVIVORS[mutant]
     path, old, new = edit.path, edit.old, edit.new
     killers, missed = TESTS[mutant]
     tests = killers if which == "new" else missed
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant}-") as tmp:
         scratch = Path(tmp)
-        _copy(scratch)
+        _copy(scratch, base)
         source = (scratch / path).read_text()
         if source.count(old) != 1:
             raise SystemExit(f"{mutant}: {old!r} occurs {source.count(old)} times in {path}")
         (scratch / path).write_text(source.replace(old, new))
-        command = [PY, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        command = [PY, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", marks, *tests]
         start = time.perf_counter()
         done = subprocess.run(command, cwd=scratch, capture_output=True, text=True,
                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         seconds = time.perf_counter() - start
     failed, message = _first_failure(done.stdout)
     return {"mutant": mutant, "file": path, "original": old, "mutated": new, "tests": tests,
-            "command": "pytest -x -q " + " ".join(tests), "returncode": done.returncode,
+            "command": f"pytest -x -q -m '{marks}' " + " ".join(tests), "base": base,
+            "returncode": done.returncode,
             "killed": done.returncode == 1, "first_failure": failed, "message": message,
             "seconds": round(seconds, 1), "summary": done.stdout.strip().splitlines()[-1:]}
 
@@ -98,6 +105,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mutants", nargs="*", default=list(TESTS))
     parser.add_argument("--tests", choices=("new", "old"), default="new")
+    parser.add_argument("--base", default=None, help="commit whose tree (tests included) is "
+                        "mutated instead of the working tree, e.g. the commit before the killing tests")
+    parser.add_argument("-m", dest="marks", default="not deployment", help="pytest -m expression")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/"
                         "mutation/survivors.json for --tests new, survivors_old.json for old)")
     args = parser.parse_args()
@@ -105,7 +115,7 @@ def main() -> None:
                ("survivors.json" if args.tests == "new" else "survivors_old.json"))
     results = []
     for mutant in args.mutants:
-        result = run(mutant, args.tests)
+        result = run(mutant, args.tests, args.base, args.marks)
         print(json.dumps(result), flush=True)
         results.append(result)
     out.parent.mkdir(parents=True, exist_ok=True)
