@@ -70,10 +70,12 @@ def _copy(scratch: Path, base: str | None = None) -> None:
 
 
 def _first_failure(output: str) -> tuple[str | None, str | None]:
-    test = re.search(r"^FAILED (\S+)(?: - (.*))?$", output, re.M)
+    """The first failing test's id and the first ``E`` line of its report (the assertion)."""
+    test = re.search(r"^FAILED (\S+)", output, re.M)
     if test is None:
         return None, None
-    return test.group(1), (test.group(2) or "")[:300]
+    error = re.search(r"^E\s+(\S.*)$", output, re.M)
+    return test.group(1), (error.group(1) if error else "")[:300]
 
 
 def run(mutant: str, which: str, base: str | None = None, marks: str = "not deployment") -> dict:
@@ -91,7 +93,7 @@ def run(mutant: str, which: str, base: str | None = None, marks: str = "not depl
         command = [PY, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", marks, *tests]
         start = time.perf_counter()
         done = subprocess.run(command, cwd=scratch, capture_output=True, text=True,
-                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "COLUMNS": "200"})
         seconds = time.perf_counter() - start
     failed, message = _first_failure(done.stdout)
     return {"mutant": mutant, "file": path, "original": old, "mutated": new, "tests": tests,
