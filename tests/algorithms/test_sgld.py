@@ -19,7 +19,7 @@ from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
 from fedbayes_flwr.runtime.steps import judge
-from fedbayes_flwr.seeds import derive_seed, numpy_rng
+from fedbayes_flwr.seeds import numpy_rng
 
 SMALL = {"model": "gaussian-mean", "dataset": "synthetic", "synthetic-dim": 2,
          "steps-per-round": 20, "batch-size": 0, "seed": 5}
@@ -85,20 +85,32 @@ def test_constant_step_chains_follow_the_langevin_recursion_and_the_posterior():
             assert np.all(x.var(0, ddof=1) / v - 1 > rel_se)
 
 
-def test_two_rounds_equal_a_hand_written_sgld_loop():
+def test_two_rounds_equal_a_hand_written_sgld_loop(monkeypatch):
     """Mini-batches, the decaying step with each chain's counter carried over rounds, the prior
     draws: the bundle equals Welling & Teh's update written out with gaussian-mean's analytic
-    gradients (prior N(0, I), noise 1) on the same seeds."""
+    gradients (prior N(0, I), noise 1) on the seeds the engine handed the client (recorded as
+    it hands them out, so the expectation does not recompute them with the library's seed
+    functions; that they differ across partitions and rounds is tests/algorithms/test_seeds.py)."""
+    from fedbayes_flwr.runtime import steps as engine_steps
+
+    handed = {}
+    original = engine_steps.client_seed
+
+    def recording(run_seed, bundle, action, number, partition_id, attempt=0):
+        handed[number] = original(run_seed, bundle, action, number, partition_id, attempt)
+        return handed[number]
+
     exp = _experiment(algorithm="sgld", **{"num-chains": 7, "num-rounds": 2, "batch-size": 30,
                                            "step-scale": 0.003, "step-decay": 0.55})
+    x = exp.bundle.init_server(exp.setup).chains  # the starting draws (their law: test above)
+    monkeypatch.setattr(engine_steps, "client_seed", recording)
     got = _states(exp)
-    cfg, seed, X = exp.setup.config, exp.config.seed, exp.dataset.x_train
+    cfg, X = exp.setup.config, exp.dataset.x_train
     n, (a, b, g), steps = X.shape[0], (cfg.step_scale, cfg.step_offset, cfg.step_decay), \
         cfg.steps_per_round
-    rng = numpy_rng(derive_seed(seed, "sgld.init", 0, -1))
-    x = rng.standard_normal((7, 2))  # the prior N(0, I) (prior-scale 1)
+    assert sorted(handed) == [1, 2]
     for number in (1, 2):
-        rng = numpy_rng(client_seed(seed, "sgld", "train", number, 0))
+        rng = numpy_rng(handed[number])
         for j in range(steps):
             eps = a * (b + (number - 1) * steps + j) ** -g
             rows = X[rng.choice(n, size=30, replace=False)]

@@ -252,7 +252,21 @@ def test_logistic_hyperprior_likelihood_and_predictive():
     np.testing.assert_allclose(pred.prob, (1.0 / (1.0 + np.exp(-logits))).mean(axis=0),
                                rtol=1e-12)
     metrics, diagram = model.metrics(post, x, y)
-    assert diagram is not None and all(np.isfinite(v) for v in metrics.values())
+    # the metrics of that predictive, computed here: accuracy, mean NLL, Brier score (binary:
+    # mean (p - y)^2) and the 10-bin ECE over the confidence max(p, 1 - p) in [0.5, 1]
+    # (Guo et al. 2017, eq. 3); float round-off only
+    p = (1.0 / (1.0 + np.exp(-logits))).mean(axis=0)
+    correct = (p > 0.5) == y
+    conf = np.maximum(p, 1 - p)
+    bins = np.minimum(((conf - 0.5) / 0.05).astype(int), 9)
+    ece = sum(np.mean(bins == b) * abs(correct[bins == b].mean() - conf[bins == b].mean())
+              for b in range(10) if np.any(bins == b))
+    want = {"test_accuracy": correct.mean(), "test_brier": np.mean((p - y) ** 2), "test_ece": ece,
+            "test_nll": -np.mean(np.where(y == 1, np.log(p), np.log1p(-p)))}
+    assert metrics.keys() == want.keys()
+    for key, value in want.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-12), key
+    assert diagram["count"] == [int(np.sum(bins == b)) for b in range(10)]
 
 
 # --------------------------------------------------------------------------------- datasets

@@ -65,6 +65,28 @@ def _three_kinds(p: int, seed: int):
     }
 
 
+def _metrics_of(pred, y):
+    """The predictive metrics computed here from the predictive itself: classification accuracy,
+    mean NLL, Brier score (binary: mean (p - y)^2; C classes: mean sum_c (p_c - [y = c])^2) and
+    the 10-bin ECE over the confidence in [1/C, 1] (Guo et al. 2017, eq. 3); regression RMSE
+    and the mean Gaussian predictive NLL."""
+    if pred.prob is None:
+        resid = y - pred.mean
+        return {"test_rmse": np.sqrt(np.mean(resid**2)),
+                "test_nll": np.mean(0.5 * np.log(2 * np.pi * pred.var) + resid**2 / (2 * pred.var))}
+    probs = pred.prob if pred.prob.ndim == 2 else np.stack([1 - pred.prob, pred.prob], axis=1)
+    c = probs.shape[1]
+    onehot = np.eye(c)[y]
+    brier = np.sum((probs - onehot) ** 2, axis=1)
+    conf, correct = probs.max(axis=1), probs.argmax(axis=1) == y
+    width = (1 - 1 / c) / 10
+    bins = np.minimum(((conf - 1 / c) / width).astype(int), 9)
+    ece = sum(np.mean(bins == b) * abs(correct[bins == b].mean() - conf[bins == b].mean())
+              for b in range(10) if np.any(bins == b))
+    return {"test_accuracy": correct.mean(), "test_nll": -np.mean(np.log(probs[np.arange(len(y)), y])),
+            "test_ece": ece, "test_brier": np.mean(brier) / (2 if pred.prob.ndim == 1 else 1)}
+
+
 @pytest.mark.parametrize("name", ["linear-regression", "logistic-regression", "bnn-classifier",
                                   "bnn-regression"])
 @pytest.mark.parametrize("kind", ["gaussian", "samples", "test-only"])
@@ -76,7 +98,10 @@ def test_predictive_from_every_posterior_kind(name, kind):
     post = _three_kinds(model.param_dim(NUM_FEATURES), seed=3)[kind]
     pred = model.predictive(post, x)
     metrics, _ = model.metrics(post, x, ds.y_test)
-    assert all(np.isfinite(v) for v in metrics.values())
+    want = _metrics_of(pred, ds.y_test)  # float round-off only
+    assert metrics.keys() == want.keys()
+    for key, value in want.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-10), key
 
     draws = post.draws()
     assert draws.shape == ((120 if kind == "samples" else PREDICTIVE_SAMPLES), post.dim)
