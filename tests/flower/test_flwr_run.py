@@ -77,7 +77,7 @@ def test_docs_have_the_seven_flwr_commands():
 
 
 @pytest.mark.deployment  # starts Flower's detached local SuperLink; ~3 min: out of the default suite
-def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path):
+def test_docs_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path):
     repo_pyproject = _sha256(REPO / "pyproject.toml")
     flwr_home = tmp_path / "flwr-home"
     flwr_home.mkdir()  # empty: no config.toml, as on a new user's machine
