@@ -190,7 +190,7 @@ def fit(config: Mapping[str, Any], *, engine: str = "in-process", progress: bool
     Parameters
     ----------
     config : mapping
-        The run config: the CLI's kebab-case keys (``README.md``, "Run-config keys"). With the
+        The run config: the CLI's kebab-case keys (``docs/getting-started.md``, "Run-config keys"). With the
         in-process engine, ``model`` may be a :class:`~fedbayes_flwr.models.Model` instance
         (registered with :func:`~fedbayes_flwr.models.register_object` under its stable
         ``app-<class>-<digest>`` name, which becomes its ``name``, as the Flower apps'

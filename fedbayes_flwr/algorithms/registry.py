@@ -33,7 +33,7 @@ BUILTIN_MODULES = ("fedbayes_flwr.algorithms.pvi", "fedbayes_flwr.algorithms.dsv
 
 class Entry(NamedTuple):
     """A registered name: its bundle, an optional preset (``RunConfig -> RunConfig``, fixing the
-    keys the name defines) and a one-line description (the README's algorithm table)."""
+    keys the name defines) and a one-line description (the family pages' algorithm tables, docs/families/)."""
 
     name: str
     bundle: Bundle

@@ -541,7 +541,7 @@ N_COVERTYPE, N_FASHION_TRAIN, N_FASHION_TEST, FASHION_SIDE = 200, 40, 20, 28
 
 def _hub_commands() -> list[list[str]]:
     """The ``run_simulation.py`` commands with a ``hub:`` dataset in benchmarks/README.md's bash
-    blocks (its arguments, as tests/cli/test_readme.py reads the main README's)."""
+    blocks (its arguments; tests/docs/test_doc_commands.py leaves these to this module)."""
     import re
     import shlex
 

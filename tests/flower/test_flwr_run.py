@@ -1,12 +1,15 @@
-"""Acceptance: the README's ``flwr run .`` commands work verbatim from an empty ``FLWR_HOME``,
-and a new user's first try (Flower's default 2 simulated nodes for a 10-partition run) fails fast
-with one line saying how to fix it.
+"""Acceptance: the docs' ``flwr run .`` commands (docs/getting-started.md) work verbatim from an
+empty ``FLWR_HOME``, and a new user's first try (Flower's default 2 simulated nodes for a
+10-partition run) fails fast with one line saying how to fix it.
 
-The commands are extracted from README.md (so docs and code cannot drift) and run with bash in a
-copy of the app, with a private, EMPTY ``FLWR_HOME`` (Flower creates its local SuperLink
-connection), free ports, runtime dependency installation disabled; the detached local SuperLink
-is stopped by PID in ``finally``. ``flwr run --stream`` exits 0 even when the ServerApp fails, so
-each run's status is read with ``flwr ls``.
+The commands are extracted from the page (so docs and code cannot drift) and each runs in a fresh
+``bash -l`` in a copy of the app after the README's activation line (``source .venv/bin/activate``;
+the copy's ``.venv`` links to the tests' environment, which simulates the set-up, and the shell's
+``PATH`` holds no trace of it before activation: nothing substitutes ``flwr``), with a private,
+EMPTY ``FLWR_HOME`` (Flower creates its local SuperLink connection), free ports, runtime dependency
+installation disabled; the detached local SuperLink is stopped by PID in ``finally``.
+``flwr run --stream`` exits 0 even when the ServerApp fails, so each run's status is read with
+``flwr ls``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.engine import run_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
+from tests.helpers.doc_blocks import ACTIVATE, VENV, blocks, login_env
 from tests.helpers.flower_utils import (
     REPO,
     copy_app,
@@ -45,9 +49,8 @@ pytestmark = [
 ]
 
 RUN_TIMEOUT_S = 240
-README = (REPO / "README.md").read_text(encoding="utf-8")
-FLWR_COMMANDS = [line.strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)
-                 for line in block.splitlines() if line.strip().startswith("flwr run")]
+FLWR_COMMANDS = [line.strip() for block in blocks("docs/getting-started.md") if block.lang == "bash"
+                 for line in block.code.splitlines() if line.strip().startswith("flwr run")]
 
 
 def _sha256(path) -> str:
@@ -56,14 +59,14 @@ def _sha256(path) -> str:
 
 def _tree(root) -> dict[str, str]:
     return {str(p.relative_to(root)): _sha256(p) for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts and "runs" not in p.parts}
+            if p.is_file() and not {"__pycache__", "runs", ".venv"} & set(p.parts)}
 
 
 def _output_dir(command: str) -> str:
     return re.search(r"output-dir='\$PWD/([^']+)'", command).group(1)
 
 
-def test_readme_has_the_seven_flwr_commands():
+def test_docs_have_the_seven_flwr_commands():
     assert len(FLWR_COMMANDS) == 7, FLWR_COMMANDS
     assert all("$PWD/" in c and "--federation-config" in c for c in FLWR_COMMANDS)
     # the resume command is the DSVGD command with resume= and a larger num-rounds
@@ -74,18 +77,22 @@ def test_readme_has_the_seven_flwr_commands():
 
 
 @pytest.mark.deployment  # starts Flower's detached local SuperLink; ~3 min: out of the default suite
-def test_readme_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path):
+def test_docs_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path):
     repo_pyproject = _sha256(REPO / "pyproject.toml")
     flwr_home = tmp_path / "flwr-home"
     flwr_home.mkdir()  # empty: no config.toml, as on a new user's machine
     app = copy_app(tmp_path / "app")
+    (app / ".venv").symlink_to(VENV, target_is_directory=True)  # the set-up, simulated
     app_tree = _tree(app)
     log = tmp_path / "flwr-cli.log"
     env = flwr_env(flwr_home, superlink_port=free_port(), control_port=free_port())
     entries, superlink_pids = [], []
     try:
-        for command in FLWR_COMMANDS:  # verbatim, through bash ($PWD expands to the app copy)
-            proc = run_cli(["bash", "-c", command], env, cwd=app, timeout=RUN_TIMEOUT_S, log=log)
+        # the same private FLWR_HOME and ports, without the venv's bin on PATH (login_env)
+        shell_env = login_env(**{k: v for k, v in env.items() if k != "PATH"})
+        for command in FLWR_COMMANDS:  # verbatim, in bash -l ($PWD expands to the app copy)
+            proc = run_cli(["bash", "-l", "-c", f"{ACTIVATE} && {command}"], shell_env, cwd=app,
+                           timeout=RUN_TIMEOUT_S, log=log)
             assert proc.returncode == 0, proc.stdout[-4000:]
             entry = wait_finished(started_run_id(proc.stdout), env, cwd=app, deadline_s=60,
                                   log=log)

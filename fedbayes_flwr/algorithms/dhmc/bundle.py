@@ -19,7 +19,7 @@ shared step size. All the maths is in :mod:`fedbayes_flwr.algorithms.dhmc.agents
   and all take the same decision (a proposal is accepted when every agent's test accepts it);
   ``local`` (the paper): each agent applies its own decision at once (no extra exchange);
   disagreements are counted. Measured: with ``local`` one disagreement breaks the trackers'
-  invariant and consensus (README), which is why ``agree`` is the default.
+  invariant and consensus (docs/families/dhmc.md), which is why ``agree`` is the default.
 
 With ``dhmc.leapfrog-steps = L > 1`` the two mixing phases repeat at each of the trajectory's
 ``L`` positions (:func:`fedbayes_flwr.algorithms.dhmc.agents.advance` between them) before the decision.
@@ -113,7 +113,7 @@ class DHMCConfig:
     warmup_metropolis : bool
         Keep the Metropolis test on during the warm-up (default). False is the paper's MH
         burn-in (test off while the step adapts); measured to carry logistic chains away
-        (README), so it is not the default.
+        (docs/families/dhmc.md), so it is not the default.
     adapt : bool
         Adapt the step size during the warm-up.
     target_accept : float
@@ -125,7 +125,7 @@ class DHMCConfig:
         on a complete
         graph, 8 on a ring of 5, 22 on a ring of 8, 34 on a path of 5). A fixed 10 left the
         agents' energy changes 26% apart on a path of 5 with digit-split data, and agreed
-        decisions then accepted 11% of moves (README).
+        decisions then accepted 11% of moves (docs/families/dhmc.md).
     num_chains : int
         ``K`` independent chains carried by every message.
     iterations : int
@@ -148,7 +148,7 @@ class DHMCConfig:
     energy : str
         ``exact`` (default: the network sum of the local potential differences) or ``taylor``
         (the paper's second-order term: exact on Gaussians, but its O(epsilon^3) error biased
-        logistic regression at the adapted step; README).
+        logistic regression at the adapted step; docs/families/dhmc.md).
     decision : str
         ``agree`` (flooded AND of the agents' decisions) or ``local`` (each agent its own).
     mixing_schedule : str

@@ -123,7 +123,7 @@ class DSVGDConfig:
     num_particles : int
         ``N``; 0 = by model: 200 for ``mixture-1d``, 20 otherwise (BNNs as the reference; linear
         models 20 where the reference uses 6, because 6 particles under-disperse: std 0.3-0.4 of
-        the posterior's on ``gaussian-mean``, the table in the README).
+        the posterior's on ``gaussian-mean``, the table in docs/families/dsvgd.md).
     local_iterations, distillation_iterations : int
         ``L`` SVGD steps of the local and the distillation loop (200).
     clients_per_round : int
