@@ -222,6 +222,50 @@ def test_family_matches_nuts(problems, tmp_path, model, family):
     assert np.all(SQ.marginal_w1(chains + SHIFT * sd, draws) > bound)  # power
 
 
+# ------------------------------------------------------------------ the DSVGD row (issue 26)
+PARTICLES = 50
+SVGD = {"algorithm": "svgd", "num-rounds": 3, "dsvgd.num-particles": PARTICLES}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_svgd_with_the_plugins_gradients_matches_nuts(problems, tmp_path, model):
+    """DSVGD's own row is left to issue 26: with its defaults it misses an honest tolerance on
+    the built-in logistic model too (0.48 sd off, sd ratio 0.71:
+    ``benchmarks/results/models/likelihood_reference_dsvgd.json``). What the plugin path owes
+    DSVGD is right gradients; so the same SVGD update, centralised (one client), must meet the
+    particle tolerance on every model: each mean within ``3 / sqrt(N)`` NUTS sd (the particle
+    mean's sampling error is ``1 / sqrt(N)`` sd for N exact draws) and each sd within
+    ``1 +- 3 / sqrt(2 N)`` (the sd's relative sampling error ``1 / sqrt(2 N)``), N = 50."""
+    data, ref = problems[model]
+    FAMILIES["svgd"] = SVGD
+    try:
+        run, seconds, _ = fit(model, "svgd", data, tmp_path / "run")
+    finally:
+        FAMILIES.pop("svgd")
+    z, ratio = _pvi_errors(run.posterior, ref.draws)
+    print(f"{model} svgd ({seconds:.1f} s): |mean error| / sd {z.round(3)}, sd ratio "
+          f"{ratio.round(3)}")
+    assert np.all(z <= 3 / np.sqrt(PARTICLES)), z
+    assert np.all(np.abs(ratio - 1) <= 3 / np.sqrt(2 * PARTICLES)), ratio
+
+
+def test_user_logistic_svgd_is_the_builtins_svgd(tmp_path):
+    """The generic path gives the particle update the same maths: a user's logistic
+    LikelihoodModel and the built-in logistic regression move the same SVGD particles (the
+    gradients agree to 1e-14; after 3 rounds the particles to 1e-10). DSVGD itself is not
+    compared: one round of it turns the gradients' 1e-14 difference into 0.47 in the particles
+    (its KDE-ratio terms; issue 26)."""
+    data = make_data("logistic-regression")
+    FAMILIES["svgd"] = SVGD
+    try:
+        user, _, _ = fit("user-logistic", "svgd", data, tmp_path / "user")
+        builtin, _, _ = fit("logistic-regression", "svgd", data, tmp_path / "builtin")
+    finally:
+        FAMILIES.pop("svgd")
+    np.testing.assert_allclose(user.posterior.wrapped.samples, builtin.posterior.wrapped.samples,
+                               rtol=0, atol=1e-10)
+
+
 # ------------------------------------------------------------------ done-when 2: user = built-in
 SKEWED = {"partition": "dirichlet", "partition-alpha": 0.3}  # label skew (README, Partitions)
 # PVI's Monte-Carlo error on the user path (its local solver: T Adam steps of m reparameterised
