@@ -690,10 +690,10 @@ def test_paper_hub_command_runs_on_stand_in(paper_stand_ins, tmp_path, monkeypat
     # (the paper's 200 + 200 SVGD steps on a 784-100-10 BNN take minutes on 2 cores).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)  # the hold-out, checked above
+        short = {"dsvgd": "dsvgd.local-iterations=2 dsvgd.distillation-iterations=2",
+                 "fedavg": "fedavg.local-steps=2"}[config.bundle_name]  # its own section only
         code = run_simulation.main([*argv, "--quiet", "--num-rounds", "1",
-                                    "--output-dir", str(tmp_path / "out"), "--run-config",
-                                    "dsvgd.local-iterations=2 dsvgd.distillation-iterations=2 "
-                                    "fedavg.local-steps=2"])
+                                    "--output-dir", str(tmp_path / "out"), "--run-config", short])
     assert code == 0
     assert calls[1:] == [(dataset_id, options.get("subset"))]  # the run loads it the same way
 
