@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedbayes_flwr.algorithms import registry
-from fedbayes_flwr.inference.tree import is_namedtuple, leaves, rebuild  # noqa: F401  (rebuild: tests)
+from fedbayes_flwr.inference.tree import is_namedtuple, leaves
 from fedbayes_flwr.models import load_model_modules
 from fedbayes_flwr.runtime.config import parse_run_config
 

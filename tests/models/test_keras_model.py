@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import warnings
 
+import keras  # a dependency (TensorFlow 2.21 requires Keras 3): a missing one must fail
 import numpy as np
 import pytest
-
-keras = pytest.importorskip("keras")
 
 from fedbayes_flwr.errors import ConfigError  # noqa: E402
 from fedbayes_flwr.inference.posterior import SamplePosterior  # noqa: E402

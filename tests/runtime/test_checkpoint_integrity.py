@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+from fedbayes_flwr.inference.tree import leaves, rebuild
 from fedbayes_flwr.runtime import checkpoint as C
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,9 +113,9 @@ def test_an_edited_file_fails_its_digest(stored, tmp_path, capsys):
 def test_state_of_the_wrong_shape_is_refused(stored, tmp_path, capsys):
     run = _copy(stored, tmp_path)
     ckpt = C.load(str(run))
-    key, value = next((k, v) for k, v in C.leaves(ckpt.server_state)
+    key, value = next((k, v) for k, v in leaves(ckpt.server_state)
                       if isinstance(v, np.ndarray) and v.ndim == 2)
-    bad = C.rebuild(ckpt.server_state,
+    bad = rebuild(ckpt.server_state,
                     lambda k, v: np.zeros((v.shape[0], v.shape[1] + 1)) if k == key else v)
     C.save(str(run), ckpt._replace(server_state=bad))
     code, err = _resume(run, capsys)
