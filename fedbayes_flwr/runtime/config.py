@@ -44,7 +44,7 @@ UNLIMITED_OK = ("max-seconds", "node-timeout")
 class RunConfig:
     """Common settings of one run plus the chosen algorithm's section (``section``).
 
-    See README.md ("Run-config keys") for each key.
+    See docs/getting-started.md ("Run-config keys") for each key.
     """
 
     algorithm: str = "pvi"
