@@ -183,9 +183,11 @@ def _interrupt_after_first_row(tmp_path, engine: str):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     deadline = time.monotonic() + 300
+    written = 0
     while time.monotonic() < deadline:
         try:
-            if json.loads((out / "result.json").read_text())["history"]:
+            written = len(json.loads((out / "result.json").read_text())["history"])
+            if written:
                 break
         except (FileNotFoundError, json.JSONDecodeError):
             pass
@@ -195,30 +197,34 @@ def _interrupt_after_first_row(tmp_path, engine: str):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     took = time.monotonic() - sent
-    return proc.returncode, took, err, json.loads((out / "result.json").read_text()), out
+    return proc.returncode, took, err, json.loads((out / "result.json").read_text()), out, written
 
 
-def _check_interrupted(code, took, err, result, out, limit_s):
+def _check_interrupted(code, took, err, result, out, written, limit_s):
     assert code == run_simulation.EXIT_INTERRUPTED == 130, err[-3000:]
-    assert took < limit_s, took
     rows = [h["round"] for h in result["history"]]
     assert result["outcome"] == "interrupted" and rows == list(range(1, len(rows) + 1))
-    assert len(rows) < 200
+    # the run stops at the end of the update under way when the signal came (the row count is
+    # what proves it, whatever the machine's load); the time bound only catches a hang
+    assert written <= len(rows) <= written + 1, (written, rows)
+    assert took < limit_s, took
     last = [ln for ln in err.strip().splitlines() if ln.strip()][-1]
     assert last == f"interrupted after update {rows[-1]} of 200; results in {out}", last
     assert (out / "metrics.png").exists() and (out / "posterior.npz").exists()
 
 
 def test_ctrl_c_in_process_keeps_finished_updates_and_exits_130(tmp_path):
-    # one Adam local optimisation of 300 steps takes well under 5 s: the run stops at its end
-    _check_interrupted(*_interrupt_after_first_row(tmp_path, "in-process"), limit_s=5.0)
+    # one Adam local optimisation of 300 steps takes about 1 s idle: the run stops at its end;
+    # 60 s only catches a run that goes on (the 200 updates take minutes)
+    _check_interrupted(*_interrupt_after_first_row(tmp_path, "in-process"), limit_s=60.0)
 
 
 @pytest.mark.flower
 @pytest.mark.deployment  # signals a Simulation Engine process tree: with the process tests
 def test_ctrl_c_in_the_simulation_engine_stops_once(tmp_path):
-    # within a 50 ms poll or the current local step, plus Ray's shutdown
-    _check_interrupted(*_interrupt_after_first_row(tmp_path, "simulation"), limit_s=15.0)
+    # within a 50 ms poll or the current local step, plus Ray's shutdown; the row count is the
+    # real check, 60 s only catches a hang
+    _check_interrupted(*_interrupt_after_first_row(tmp_path, "simulation"), limit_s=60.0)
 
 
 def test_reused_output_dir_loses_stale_result_files_only(tmp_path):
