@@ -96,6 +96,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--optimise-prior", action="store_true",
                         help="learn prior-scale by maximising the free energy (run-config "
                              "optimise-prior=true); the learned value is reported")
+    parser.add_argument("--compare", metavar="ALG[,ALG...]", default=None,
+                        help="in place of --algorithm: run each of these algorithms (or 'all') "
+                             "on the same data, partition, seed and engine, each in its own "
+                             "subfolder of --output-dir, and score them against one reference "
+                             "posterior (compare.json, compare.md, compare.png)")
+    parser.add_argument("--reference", choices=("auto", "exact", "nuts", "none"), default=None,
+                        help="with --compare: the reference posterior (default auto: exact for "
+                             "a conjugate model, NUTS on the pooled data for a small one, none "
+                             "for a large one)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     parser.add_argument("--resume", metavar="DIR", default=None,
                         help="continue the run stored in DIR (its checkpoint.npz and own run "
@@ -421,8 +430,13 @@ def main(argv=None, reap: bool = False) -> int:
     if argv[:1] == ["list"]:
         return list_main(argv[1:])
     args = parse_args(argv)
+    if args.compare is not None:
+        return compare_main(args, reap)
+    if args.reference is not None:
+        print("error: --reference goes with --compare (see --help)", file=sys.stderr)
+        return 2
     from fedbayes_flwr.data import DataError
-    from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+    from fedbayes_flwr.runtime.config import ConfigError
 
     try:  # first the cheap checks: no TensorFlow, no Flower yet
         ckpt = None
@@ -431,6 +445,26 @@ def main(argv=None, reap: bool = False) -> int:
 
             ckpt = load_checkpoint(args.resume)
         overrides = resume_overrides(args, ckpt) if ckpt else build_overrides(args)
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return run_main(args, overrides, ckpt, reap)
+
+
+def _import_tensorflow() -> None:
+    with _silenced_stderr_fd():  # TensorFlow's C++ start-up lines go to /dev/null, and so does
+        import tensorflow as tf  # the cuInit ERROR of its device discovery without a GPU
+
+        tf.config.list_physical_devices()
+
+
+def run_main(args, overrides: dict, ckpt=None, reap: bool = False, report: bool = True) -> int:
+    """One run of ``overrides`` on ``args.engine``: the CLI's exit status. ``report``: print
+    the final metrics as JSON on standard output (``--compare`` prints its own table)."""
+    from fedbayes_flwr.data import DataError
+    from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+
+    try:
         config = parse_run_config(overrides)
         check_inputs(config)
         overrides["output-dir"] = os.path.abspath(config.output_dir)
@@ -438,10 +472,7 @@ def main(argv=None, reap: bool = False) -> int:
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    with _silenced_stderr_fd():  # TensorFlow's C++ start-up lines go to /dev/null, and so does
-        import tensorflow as tf  # the cuInit ERROR of its device discovery without a GPU
-
-        tf.config.list_physical_devices()
+    _import_tensorflow()
     from fedbayes_flwr.runtime.experiment import build_experiment
 
     try:
@@ -500,8 +531,99 @@ def main(argv=None, reap: bool = False) -> int:
     diagnostics = (result["history"][-1].get("diagnostics") or {}) if result["history"] else {}
     final.update({k: diagnostics[k] for k in ("ess_min", "rhat_max")  # a sampler's
                   if isinstance(diagnostics.get(k), float) and diagnostics[k] == diagnostics[k]})
-    print(json.dumps({"output_dir": config.output_dir, "final": final}, indent=2))
+    if report:
+        print(json.dumps({"output_dir": config.output_dir, "final": final}, indent=2))
     return 0
+
+
+class _Tee:
+    """A text stream writing to ``stream`` and keeping a copy (the one-line reason of a refused
+    run in ``--compare``)."""
+
+    def __init__(self, stream):
+        self.stream, self.parts = stream, []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def last_error(self) -> str | None:
+        lines = [ln.strip() for ln in "".join(self.parts).splitlines()
+                 if ln.strip().startswith("error: ")]
+        return lines[-1][len("error: "):] if lines else None
+
+
+def compare_main(args, reap: bool = False) -> int:
+    """``--compare ALG[,ALG...]``: each algorithm through :func:`run_main` in its subfolder,
+    scored by :func:`fedbayes_flwr.comparison.compare`; 0 when at least one algorithm ran."""
+    from fedbayes_flwr.data import DataError
+    from fedbayes_flwr.runtime.config import ConfigError, parse_run_config
+
+    given = [flag for flag, value in (("--algorithm", args.algorithm), ("--resume", args.resume))
+             if value is not None]
+    try:
+        if given:
+            raise ConfigError(f"--compare runs its own algorithms: drop {', '.join(given)}")
+        from fedbayes_flwr.comparison.runner import algorithm_config, resolve_algorithms
+
+        overrides = build_overrides(args)
+        names = resolve_algorithms(args.compare)
+        refused, parsed = [], None
+        for name in names:  # a refusal is the algorithm's; a bad common key is everybody's
+            try:
+                parsed = parse_run_config(algorithm_config(overrides, name))
+                break
+            except ConfigError as err:
+                refused.append(f"{name}: {err}")
+        if parsed is None:
+            raise ConfigError(f"no algorithm of --compare accepts this run config: "
+                              f"{'; '.join(refused)}")
+        overrides["output-dir"] = os.path.abspath(parsed.output_dir)
+        check_output_dir(overrides["output-dir"])
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    _import_tensorflow()
+    if reap and args.engine != "in-process":
+        from fedbayes_flwr.deploy.watchdog import start_reaper
+
+        start_reaper()
+    from fedbayes_flwr.api import load
+    from fedbayes_flwr.comparison import compare
+    from fedbayes_flwr.runtime.lock import OutputDirBusy, output_dir_lock
+
+    def run_one(values: dict):
+        tee = _Tee(sys.stderr)
+        with contextlib.redirect_stderr(tee):  # type: ignore[type-var]
+            code = run_main(args, dict(values), report=False)
+        if code == EXIT_INTERRUPTED:
+            raise KeyboardInterrupt
+        if not os.path.exists(os.path.join(values["output-dir"], "result.json")):
+            raise ConfigError(tee.last_error() or f"exit status {code}, no result written")
+        run = load(values["output-dir"])
+        return run.result, None if run.posterior is None else run.posterior.wrapped
+
+    try:
+        with output_dir_lock(overrides["output-dir"]):
+            result = compare(overrides, names, reference=args.reference or "auto",
+                             progress=not args.quiet, run_one=run_one)
+    except OutputDirBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted; finished algorithms are in {overrides['output-dir']}/compare.json",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    with open(os.path.join(result.output_dir, "compare.md")) as f:
+        print(f.read(), end="")
+    print(f"results in {result.output_dir} (compare.json, compare.md, compare.png)")
+    return 0 if result.ran else 1
 
 
 class _DropDeprecationNotice:

@@ -12,11 +12,13 @@ FAMILIES = ("pvi", "dsvgd", "amps", "pdmc", "dhmc")
 # The only function-level imports between library modules: modules whose import is heavy.
 LAZY = {"fedbayes_flwr.inference.vi": "imports TensorFlow (the CLI and the registry must not)",
         "fedbayes_flwr.evaluation.plots": "imports matplotlib (only when a run writes its plots)",
-        "fedbayes_flwr.api": "imports TensorFlow (the package re-exports fit/load lazily)"}
+        "fedbayes_flwr.api": "imports TensorFlow (the package re-exports fit/load lazily)",
+        "fedbayes_flwr.comparison": "imports TensorFlow (the package re-exports compare lazily)",
+        "fedbayes_flwr.comparison.figure": "imports matplotlib (only for compare.png)"}
 # Layers, lowest first; a module may import its own layer or a lower one only. The package's own
 # __init__ re-exports the API (lazily, typed under TYPE_CHECKING): it sits with it, on top.
 LAYERS = [("errors", "seeds"), ("inference",), ("data", "evaluation"), ("models",),
-          ("algorithms",), ("codec", "runtime"), ("deploy",), ("api", "__init__")]
+          ("algorithms",), ("codec", "runtime"), ("deploy",), ("api", "comparison", "__init__")]
 
 
 def _modules() -> dict[str, pathlib.Path]:
