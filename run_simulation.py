@@ -553,6 +553,9 @@ class _Tee:
     def isatty(self) -> bool:
         return self.stream.isatty()
 
+    def __getattr__(self, name: str):  # fileno, encoding...: the real stream's
+        return getattr(self.stream, name)
+
     def last_error(self) -> str | None:
         lines = [ln.strip() for ln in "".join(self.parts).splitlines()
                  if ln.strip().startswith("error: ")]

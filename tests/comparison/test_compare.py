@@ -170,3 +170,32 @@ def test_reference_agrees_with_an_outside_nuts_and_figures_recompute(tmp_path, r
         assert row["test_accuracy"] == result["final"]["test_accuracy"]
         assert row["bytes"] == sum(h["bytes_down"] + h["bytes_up"] for h in result["history"])
         assert row["outcome"] == result["outcome"] and os.path.isfile(folder / "metrics.png")
+
+
+# --- the Simulation Engine: the same figures as in-process ----------------------------------------
+@pytest.mark.flower
+@pytest.mark.deployment  # starts Ray twice in one process: with the process tests (.ci/run)
+def test_compare_through_the_simulation_engine_equals_in_process(tmp_path):
+    import subprocess
+    import sys
+
+    docs = {}
+    for engine in ("simulation", "in-process"):
+        out = tmp_path / engine
+        argv = [sys.executable, "run_simulation.py", "--engine", engine, "--quiet", "--compare",
+                "pvi,amps", "--model", "linear-regression", "--dataset", "synthetic",
+                "--num-clients", "2", "--num-rounds", "2", "--output-dir", str(out)]
+        proc = subprocess.run(argv, cwd=run_simulation.__file__.rsplit("/", 1)[0],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        docs[engine] = _json(out / "compare.json")
+        assert docs[engine]["run_config"]["num-clients"] == 2
+    sim, local = (docs[e]["algorithms"] for e in ("simulation", "in-process"))
+    assert [r["algorithm"] for r in sim] == [r["algorithm"] for r in local] == ["pvi", "amps"]
+    for a, b in zip(sim, local, strict=True):
+        assert a["outcome"] == b["outcome"] == "completed"
+        for key in ("mean_error", "std_ratio_min", "std_ratio_max", "w1", "test_rmse", "bytes"):
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-9, atol=1e-12, err_msg=key)
+        post_sim = load_posterior(tmp_path / "simulation" / a["algorithm"] / "posterior.npz")
+        post_loc = load_posterior(tmp_path / "in-process" / b["algorithm"] / "posterior.npz")
+        np.testing.assert_allclose(post_sim.mean(), post_loc.mean(), rtol=1e-12, atol=1e-14)
