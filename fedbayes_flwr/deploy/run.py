@@ -48,9 +48,11 @@ from fedbayes_flwr.deploy.flwr_cli import (
     flwr,
     flwr_env,
     last_json,
+    node_status,
     one_line,
     register_keys,
     run_status,
+    tls_failure,
     toml_value,
     write_connection,
 )
@@ -100,6 +102,43 @@ def _wait_port(host: str, port: int, procs: Processes, name: str, deadline_s: fl
     raise DeploymentError(f"{name} did not listen on {host}:{port} within {deadline_s:.0f} s")
 
 
+def _wait_online(node_ids: list[int], procs: Processes, env, cwd: Path, address: str,
+                 deadline_s: float, check_stop) -> None:
+    """Wait until every SuperNode ``supernode-K`` (node id ``node_ids[K]``) is online.
+
+    Fails at once, in one line naming the node, when its process exits or its log shows a TLS
+    failure (Flower's SuperNode reports it and ends, or retries, however ``--max-retries`` is
+    set), and after ``deadline_s`` for a node that stays silent.
+    """
+    end = time.monotonic() + deadline_s
+    names = {node: f"supernode-{k}" for k, node in enumerate(node_ids)}
+    while True:
+        check_stop()
+        procs.note()
+        for node, name in names.items():
+            tail = procs.log_tail(name, 20000)
+            failure = tls_failure(tail)
+            if failure is not None:
+                raise DeploymentError(
+                    f"{name} (node {node}) could not connect to the SuperLink {address} over "
+                    f"TLS: {failure} (is its --root-certificates the CA that signed the "
+                    f"SuperLink's certificate?); log {procs.log_dir / (name + '.log')}")
+            if name in procs.exited():
+                raise DeploymentError(f"{name} (node {node}) exited with status "
+                                      f"{procs.exited()[name]} before it was online: "
+                                      f"{one_line(tail)}")
+        status = node_status(env, cwd)
+        offline = {names[n]: status.get(n, "unknown") for n in node_ids
+                   if status.get(n) != "online"}
+        if not offline:
+            return
+        if time.monotonic() > end:
+            states = ", ".join(f"{name} {state}" for name, state in offline.items())
+            raise DeploymentError(f"SuperNodes not online after {deadline_s:.0f} s ({states}); "
+                                  f"logs in {procs.log_dir}")
+        time.sleep(0.5)
+
+
 def _mark_interrupted(output_dir: Path) -> None:
     """A stopped deployment cannot reach its ServerApp's recorder: mark ``result.json``."""
     path = output_dir / "result.json"
@@ -112,7 +151,8 @@ def _mark_interrupted(output_dir: Path) -> None:
 
 def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.0.0.1",
                    run_timeout_s: float | None = None, node_config: dict | None = None,
-                   keep_dir: Path | None = None, partition_cache: bool = True) -> Deployment:
+                   keep_dir: Path | None = None, partition_cache: bool = True,
+                   node_root_certificates: Path | None = None) -> Deployment:
     """Run the experiment of ``run_config`` (a full kebab-case run config with an absolute
     ``output-dir``) on a TLS + SuperNode-authentication deployment on this machine.
 
@@ -122,7 +162,16 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
     returns or raises. ``node_config`` adds keys to every SuperNode's node config;
     ``keep_dir`` keeps a copy of the private directory there (for debugging; it holds keys);
     ``partition_cache=False`` leaves ``cache-dir`` out of the node config (every message then
-    loads and splits the data again: the benchmark's "before").
+    loads and splits the data again: the benchmark's "before"); ``node_root_certificates``
+    gives the SuperNodes another CA certificate than the run's (a test of the TLS failure).
+
+    The SuperNodes must all be online before the run is submitted, within
+    ``max(STARTUP_TIMEOUT_S, 30 x the SuperLink's own start-up time)`` (a loaded machine starts
+    every process slower); a SuperNode that exits or fails its TLS handshake ends the wait at
+    once with one line naming it. The run config given to the apps carries
+    ``deployment-nodes``, the node ids registered here: the ServerApp sends work to no other
+    node and refuses any other node's reply (a node registered by someone else through the
+    Control API gets nothing).
     """
 
     output_dir = Path(str(run_config["output-dir"]))
@@ -146,7 +195,6 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
         with sigterm_raises():
             tls = make_tls(work / "tls", host)
             keys = [make_node_key(work / "keys", f"supernode-{k}") for k in range(num_clients)]
-            copy_app(app_dir, run_config)
             port = free_port(host)
             procs.start("superlink", [
                 executable("flower-superlink"), "--host", host, "--port", str(port),
@@ -154,8 +202,12 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
                 "--ssl-keyfile", str(tls.server_key), "--enable-supernode-auth",
                 "--disable-runtime-dependency-installation"])
             write_connection(flwr_home, f"{host}:{port}", tls.ca_cert)
+            started = time.monotonic()
             _wait_port(host, port, procs, "superlink", STARTUP_TIMEOUT_S)
-            register_keys(keys, env, work)
+            startup_s = time.monotonic() - started
+            node_ids = register_keys(keys, env, work)
+            copy_app(app_dir, {**run_config,
+                               "deployment-nodes": ",".join(map(str, node_ids))})
             extra = " ".join(f"{k}={toml_value(v)}" for k, v in (node_config or {}).items())
             for k, key in enumerate(keys):
                 config = f"partition-id={k} num-partitions={num_clients} {extra}"
@@ -163,11 +215,15 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
                     config += f" cache-dir={toml_value(str(work / 'cache' / str(k)))}"
                 procs.start(f"supernode-{k}", [
                     executable("flower-supernode"), "--superlink", f"{host}:{port}",
-                    "--root-certificates", str(tls.ca_cert), "--auth-supernode-private-key",
+                    "--root-certificates", str(node_root_certificates or tls.ca_cert),
+                    "--auth-supernode-private-key",
                     str(key.private), "--port", str(free_port(host)), "--node-config",
                     config.strip()])
             say(f"SuperLink {host}:{port} (TLS, SuperNode authentication), {num_clients} "
                 f"SuperNodes; logs in {log_dir}")
+            _wait_online(node_ids, procs, env, work, f"{host}:{port}",
+                         max(STARTUP_TIMEOUT_S, 30 * startup_s), check_stop)
+            say(f"{num_clients} SuperNodes online (node ids {', '.join(map(str, node_ids))})")
             proc = flwr(["run", str(app_dir), CONNECTION, "--format", "json"], env, work)
             payload = last_json(proc.stdout)
             if not payload.get("success") or "run-id" not in payload:
@@ -209,6 +265,7 @@ def _wait_run(run_id: int, env, cwd: Path, procs: Processes, output_dir: Path,
     start, seen, status = time.monotonic(), 0, {}
     while True:
         check_stop()
+        procs.note()
         dead = procs.exited()
         if dead:
             name, code = sorted(dead.items())[0]

@@ -131,6 +131,129 @@ def test_no_node_can_answer_the_partition_query_raises_the_clients_own_error():
     assert "no connected node serves" not in message and "\n" not in message
 
 
+class _SlowGrid(_Grid):
+    """A :class:`_Grid` whose ClientApps start slowly: a partition query is answered only after
+    ``starts`` pulls, so a ``send_and_receive`` with a per-query timeout sees no reply (as the
+    Simulation Engine's did while a loaded machine started the Ray actors); ``silent`` nodes
+    never answer (a node that connected and hangs)."""
+
+    def __init__(self, exp, starts=5, silent=(), extra=()):
+        super().__init__(exp)
+        self.starts, self.silent, self.pulls = starts, set(silent), 0
+        from flwr.app import Context, RecordDict
+
+        for node, pid in extra:  # more nodes (e.g. a rogue one claiming a partition)
+            self.contexts[node] = Context(1, node, {"partition-id": pid}, RecordDict(), {})
+
+    def _answer(self, message):
+        if message.metadata.dst_node_id >= 900 and message.metadata.message_type == \
+                "query.partition":  # an extra node claims the partition of its node config
+            from flwr.app import ConfigRecord, Message, RecordDict
+
+            node = message.metadata.dst_node_id
+            self.asked.append(node)
+            return Message(RecordDict({"config": ConfigRecord(
+                {"partition-id": self.contexts[node].node_config["partition-id"],
+                 "num-partitions": self.exp.num_clients})}), reply_to=message)
+        return super()._answer(message)
+
+    def send_and_receive(self, messages, timeout):
+        for m in messages:  # pushed, but the ClientApp is not up before the query times out
+            self.push_messages([m])
+        return []
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        if self.pulls < self.starts:
+            return []
+        silent = {mid for mid in message_ids if mid in self.replies
+                  and self.replies[mid].metadata.src_node_id in self.silent}
+        return [self.replies.pop(mid) for mid in message_ids
+                if mid in self.replies and mid not in silent]
+
+
+def test_a_slow_starting_node_is_waited_for_not_written_off(monkeypatch):
+    """Issue 32: the partition query is sent once and its reply pulled for as long as
+    node-timeout, so nodes whose ClientApps answer late are mapped (today's main asked each
+    node once with a 120 s query timeout and never again: "0 of 2 connected")."""
+    import strategies.nodes as nodes
+
+    monkeypatch.setattr(nodes, "POLL_S", 0.01)
+    exp = build_experiment(parse_run_config({**LR, "num-clients": 2}))
+    with task_identity():
+        assert nodes.partition_map(_SlowGrid(exp, starts=20), 2, timeout=10) == {0: 100, 1: 101}
+
+
+def test_a_node_that_never_answers_fails_after_node_timeout_naming_it(monkeypatch):
+    """A real hang still fails, in bounded time (node-timeout), in one line naming the node."""
+    import strategies.nodes as nodes
+
+    monkeypatch.setattr(nodes, "POLL_S", 0.01)
+    exp = build_experiment(parse_run_config({**LR, "num-clients": 2}))
+    started = time.monotonic()
+    with task_identity(), pytest.raises(nodes.PartitionError) as err:
+        nodes.partition_map(_SlowGrid(exp, starts=1, silent={101}), 2, timeout=0.5)
+    took = time.monotonic() - started
+    message = str(err.value)
+    assert "partition ids [1] after 0 s (1 of 2 partitions connected)" in message, message
+    assert "never answered the partition query: [101]" in message and "\n" not in message
+    assert took < 5, took  # 0.5 s node-timeout plus one poll; 5 s bounds a loaded machine
+
+
+def test_the_strategy_never_asks_nor_hears_a_node_the_run_did_not_register():
+    """Issue 32: with ``deployment-nodes`` (what ``--engine deployment`` registered), a rogue
+    node the SuperLink lists, here claiming partition 0, gets no message (today's main asked it
+    and stopped: "nodes 100 and 999 both claim partition-id 0"), the run equals the exact
+    posterior, and a reply that claims to come from it is refused."""
+    from types import SimpleNamespace
+
+    from strategies.server_app import strategy_for
+
+    exp = build_experiment(parse_run_config({**LR, "deployment-nodes": "100,101,102"}))
+    grid = _SlowGrid(exp, starts=1, extra=[(999, 0)])
+    strategy = strategy_for(exp)
+    with task_identity():
+        strategy.start(grid, num_rounds=2, evaluate_fn=lambda u, _: None)
+    assert strategy.outcome == "completed" and strategy.nodes == {0: 100, 1: 101, 2: 102}
+    assert 999 not in grid.asked and set(grid.asked) == {100, 101, 102}
+    exact = models.exact_posterior(exp.model, exp.prior, exp.dataset.x_train[
+        np.concatenate(exp.partitions)], exp.dataset.y_train[np.concatenate(exp.partitions)])
+    mean, _ = G.to_moments(exact)
+    # PVI on a conjugate model is exact after one update, up to float64 round-off of a 4x4 solve
+    np.testing.assert_allclose(strategy.posterior.mean(), mean, rtol=1e-9, atol=1e-12)
+
+    def reply(src):
+        return SimpleNamespace(metadata=SimpleNamespace(src_node_id=src))
+    assert strategy._by_partition_of(0, reply(100)) and strategy._by_partition_of(0, reply(1))
+    assert not strategy._by_partition_of(0, reply(999))  # not a node of this run
+    assert not strategy._by_partition_of(0, reply(101))  # a node of the run, not partition 0's
+
+
+def test_deployment_nodes_must_be_node_ids():
+    from fedbayes_flwr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="deployment-nodes.*comma-separated node ids"):
+        parse_run_config({**LR, "deployment-nodes": "1,two"})
+
+
+def test_a_busy_command_may_outlast_its_base_wait_and_an_idle_one_fails():
+    """The Flower tests' subprocess wait (issue 32): a CPU-bound command goes on past
+    ``base_s`` (a slow start on a loaded machine); an idle one (a hang) fails once its process
+    tree used under a quarter of a core over the window, with one message saying so."""
+    from tests.helpers.flower_utils import run_while_busy
+
+    busy = run_while_busy([sys.executable, "-c", "import time\nt = time.monotonic()\n"
+                           "while time.monotonic() - t < 3: pass\nprint('done')"],
+                          base_s=0.5, window_s=1.0)
+    assert busy.returncode == 0 and busy.stdout.strip() == "done"
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match=r"idle \(its processes used \d+% of a core over "
+                                             r"the last 1 s\) after \d+ s: a hang"):
+        run_while_busy([sys.executable, "-c", "import time; time.sleep(60)"], base_s=0.5,
+                       window_s=1.0)
+    assert time.monotonic() - started < 15  # base 0.5 s + a 1 s window; 15 s bounds a loaded CI
+
+
 # ------------------------------------------------------------------ credentials, app copy (fast)
 def test_certificates_and_node_keys_are_what_flower_reads(tmp_path):
     from cryptography import x509
