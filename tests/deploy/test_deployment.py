@@ -409,3 +409,86 @@ def test_unregistered_supernode_exits_with_flowers_activation_error(tmp_path):
     text = procs.log_tail("supernode", 20000)
     assert "2004" in text and "Failed to activate SuperNode" in text, text
     assert not any(processes.alive(pid) for pid in pids)
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds PIDs in /proc")
+def test_a_supernode_with_the_wrong_ca_ends_the_cli_wait_in_one_line(tmp_path):
+    """Issue 32: a SuperNode given another CA certificate fails its TLS handshake; the CLI's
+    own wait ends at once with one line naming the node and the TLS failure (from its log), no
+    run is submitted and no process is left (its SuperExec, re-parented, included)."""
+    from fedbayes_flwr.errors import DeploymentError
+
+    wrong = deploy_tls.make_tls(tmp_path / "other-ca")
+    config = parse_run_config({**LR, "num-clients": 1, "num-rounds": 1,
+                               "output-dir": str(tmp_path / "out")}).to_run_config()
+    started = time.monotonic()
+    with pytest.raises(DeploymentError) as err:
+        deploy.run_deployment(config, progress=False, node_root_certificates=wrong.ca_cert)
+    took = time.monotonic() - started
+    message = str(err.value)
+    assert message.startswith("supernode-0 (node ") and "\n" not in message, message
+    assert "over TLS: [SSL: CERTIFICATE_VERIFY_FAILED]" in message, message
+    assert took < 120, took  # seconds alone; far below the 60 s x load start-up deadline
+    listed = json.loads((tmp_path / "out" / "deployment-logs" / "processes.json").read_text())
+    assert not any(processes.alive(pid) for pid in listed["stopped"])
+    assert "serverapp.log" not in os.listdir(tmp_path / "out" / "deployment-logs")  # no run
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds PIDs in /proc")
+def test_a_rogue_supernode_registered_through_the_control_api_gets_no_work(tmp_path,
+                                                                           monkeypatch):
+    """Issue 32: just before the run is submitted, a local process with its own FLWR_HOME, the
+    run's port and CA certificate registers its own key (open-source Flower's Control API
+    authenticates nobody: it answers success) and starts a SuperNode claiming partition 0. The
+    ServerApp refuses it (logged), sends it nothing, and the run equals the in-process run."""
+    rogue_home, rogue_logs = tmp_path / "rogue-home", tmp_path / "rogue-logs"
+    rogue_logs.mkdir()
+    rogue_env = flwr_cli.flwr_env(rogue_home)
+    rogue_procs = deploy_processes.Processes(rogue_env, rogue_logs)
+    seen: dict = {}
+    real_wait = deploy._wait_online
+
+    def wait_then_attack(node_ids, procs, env, cwd, address, deadline_s, check_stop):
+        real_wait(node_ids, procs, env, cwd, address, deadline_s, check_stop)
+        flwr_cli.write_connection(rogue_home, address, cwd / "tls" / "ca.crt")
+        key = deploy_tls.make_node_key(tmp_path / "rogue-key", "rogue")
+        reg = flwr_cli.flwr(["supernode", "register", str(key.public), flwr_cli.CONNECTION,
+                             "--format", "json"], rogue_env, tmp_path)
+        seen["register"] = flwr_cli.last_json(reg.stdout)
+        rogue_procs.start("rogue", [
+            deploy_processes.executable("flower-supernode"), "--superlink", address,
+            "--root-certificates", str(cwd / "tls" / "ca.crt"), "--auth-supernode-private-key",
+            str(key.private), "--port", str(deploy_processes.free_port()), "--node-config",
+            "partition-id=0 num-partitions=2"])
+        rogue = int(seen["register"]["node-id"])
+        end = time.monotonic() + deadline_s
+        while flwr_cli.node_status(rogue_env, tmp_path).get(rogue) != "online":
+            assert time.monotonic() < end and not rogue_procs.exited(), \
+                rogue_procs.log_tail("rogue")
+            time.sleep(0.5)
+        seen["online"] = True
+
+    monkeypatch.setattr(deploy, "_wait_online", wait_then_attack)
+    out = tmp_path / "deployed"
+    config = {**LR, "num-clients": 2, "num-rounds": 2}
+    try:
+        deploy.run_deployment(parse_run_config({**config, "output-dir": str(out)})
+                              .to_run_config(), progress=False)
+    finally:
+        rogue_procs.stop_all()
+    assert seen["register"].get("success") and seen.get("online")  # Flower let it in
+    rogue = int(seen["register"]["node-id"])
+    log = (out / "deployment-logs" / "serverapp.log").read_text()
+    assert f"refusing node(s) [{rogue}]: not among the nodes this run registered" in log, log
+    result = json.loads((out / "result.json").read_text())
+    assert result["outcome"] == "completed"
+    assert [row["clients"] for row in result["history"]] == [[0, 1], [0, 1]]
+    local = tmp_path / "local"
+    run_in_process(parse_run_config({**config, "output-dir": str(local)}), progress=False)
+    with np.load(out / "posterior.npz") as a, np.load(local / "posterior.npz") as b:
+        for name in a.files:  # the same float64 maths as in-process (the acceptance tolerance)
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-12, err_msg=name)
