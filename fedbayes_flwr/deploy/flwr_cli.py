@@ -138,6 +138,23 @@ def one_line(text: str) -> str:
     return lines[-1][:400] if lines else "(no output)"
 
 
+def list_runs(env: dict[str, str], cwd: Path) -> dict[int, dict]:
+    """``flwr ls`` (every run on the SuperLink) -> ``{run id: entry}``; ``{}`` when the
+    SuperLink does not answer."""
+    payload = last_json(flwr(["ls", CONNECTION, "--format", "json"], env, cwd).stdout)
+    return runs_of(payload)
+
+
+def runs_of(payload: dict) -> dict[int, dict]:
+    """``{run id: entry}`` of a ``flwr ls --format json`` answer (entries without an integer
+    ``run-id`` are skipped)."""
+    out = {}
+    for entry in payload.get("runs", []):
+        with contextlib.suppress(TypeError, ValueError):
+            out[int(entry["run-id"])] = entry
+    return out
+
+
 def run_status(run_id: int, env: dict[str, str], cwd: Path) -> dict:
     """``flwr ls --run-id`` -> the run's entry (``status``, ``status-details`` ...), ``{}`` when
     the SuperLink does not answer."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import socket
@@ -48,10 +49,10 @@ from fedbayes_flwr.deploy.flwr_cli import (
     flwr,
     flwr_env,
     last_json,
+    list_runs,
     node_status,
     one_line,
     register_keys,
-    run_status,
     tls_failure,
     toml_value,
     write_connection,
@@ -261,8 +262,14 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
 def _wait_run(run_id: int, env, cwd: Path, procs: Processes, output_dir: Path,
               timeout_s: float | None, say, check_stop) -> dict:
     """Poll ``flwr ls`` until the run is ``finished:*``; fail at once when a SuperNode or the
-    SuperLink exits; report each newly recorded update."""
+    SuperLink exits; report each newly recorded update.
+
+    Any other run on the SuperLink was submitted by someone else through the Control API
+    (open-source Flower authenticates no user): it is stopped (``flwr stop``) within a poll and
+    named on the console, since its ServerApp runs as this user and could message this run's
+    SuperNodes."""
     start, seen, status = time.monotonic(), 0, {}
+    stopped: set[int] = set()
     while True:
         check_stop()
         procs.note()
@@ -271,7 +278,20 @@ def _wait_run(run_id: int, env, cwd: Path, procs: Processes, output_dir: Path,
             name, code = sorted(dead.items())[0]
             raise DeploymentError(f"{name} exited with status {code} during run {run_id}: "
                                   f"{one_line(procs.log_tail(name))}")
-        status = run_status(run_id, env, cwd) or status
+        runs = list_runs(env, cwd)
+        status = runs.get(run_id, status)
+        for foreign in sorted(set(runs) - {run_id} - stopped):
+            stopped.add(foreign)
+            if not str(runs[foreign].get("status", "")).startswith("finished"):
+                with contextlib.suppress(Exception):
+                    flwr(["stop", str(foreign), CONNECTION], env, cwd, timeout=30)
+            line = (f"stopped run {foreign}: not submitted by this deployment (another process "
+                    f"reached the SuperLink's Control API)")
+            say(line)
+            fd = os.open(procs.log_dir / "control-api.log",
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "a") as f:
+                f.write(line + "\n")
         rows = _recorded_rows(output_dir)
         if rows > seen:
             say(f"run {run_id}: update {rows} recorded")

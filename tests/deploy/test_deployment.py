@@ -443,8 +443,9 @@ def test_a_rogue_supernode_registered_through_the_control_api_gets_no_work(tmp_p
                                                                            monkeypatch):
     """Issue 32: just before the run is submitted, a local process with its own FLWR_HOME, the
     run's port and CA certificate registers its own key (open-source Flower's Control API
-    authenticates nobody: it answers success) and starts a SuperNode claiming partition 0. The
-    ServerApp refuses it (logged), sends it nothing, and the run equals the in-process run."""
+    authenticates nobody: it answers success), starts a SuperNode claiming partition 0 and
+    submits a run of its own. The ServerApp refuses the node (logged) and sends it nothing, the
+    CLI stops the foreign run, and the run equals the in-process run."""
     rogue_home, rogue_logs = tmp_path / "rogue-home", tmp_path / "rogue-logs"
     rogue_logs.mkdir()
     rogue_env = flwr_cli.flwr_env(rogue_home)
@@ -471,6 +472,13 @@ def test_a_rogue_supernode_registered_through_the_control_api_gets_no_work(tmp_p
                 rogue_procs.log_tail("rogue")
             time.sleep(0.5)
         seen["online"] = True
+        # ... and submits a run of its own (its ServerApp would run as the run's user)
+        app = flwr_cli.copy_app(tmp_path / "rogue-app", parse_run_config(
+            {**config, "num-rounds": 1, "output-dir": str(tmp_path / "rogue-out")})
+            .to_run_config())
+        sub = flwr_cli.flwr(["run", str(app), flwr_cli.CONNECTION, "--format", "json"],
+                            rogue_env, tmp_path)
+        seen["run"] = int(flwr_cli.last_json(sub.stdout)["run-id"])
 
     monkeypatch.setattr(deploy, "_wait_online", wait_then_attack)
     out = tmp_path / "deployed"
@@ -484,6 +492,9 @@ def test_a_rogue_supernode_registered_through_the_control_api_gets_no_work(tmp_p
     rogue = int(seen["register"]["node-id"])
     log = (out / "deployment-logs" / "serverapp.log").read_text()
     assert f"refusing node(s) [{rogue}]: not among the nodes this run registered" in log, log
+    # the foreign run was stopped within a poll of the CLI's wait
+    control = (out / "deployment-logs" / "control-api.log").read_text()
+    assert f"stopped run {seen['run']}: not submitted by this deployment" in control, control
     result = json.loads((out / "result.json").read_text())
     assert result["outcome"] == "completed"
     assert [row["clients"] for row in result["history"]] == [[0, 1], [0, 1]]
@@ -492,3 +503,17 @@ def test_a_rogue_supernode_registered_through_the_control_api_gets_no_work(tmp_p
     with np.load(out / "posterior.npz") as a, np.load(local / "posterior.npz") as b:
         for name in a.files:  # the same float64 maths as in-process (the acceptance tolerance)
             np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+def test_a_resumed_run_takes_the_node_ids_of_its_own_deployment(tmp_path):
+    """A resumed deployment registers new nodes: ``deployment-nodes`` may change on resume
+    (every other key must equal the stored run's) and the new value is the one used."""
+    from fedbayes_flwr.runtime.checkpoint import resumed
+
+    out = tmp_path / "run"
+    run_in_process(parse_run_config({**LR, "num-rounds": 1, "deployment-nodes": "5,6,7",
+                                     "output-dir": str(out)}), progress=False)
+    config, ckpt = resumed(parse_run_config({**LR, "num-rounds": 2, "resume": str(out),
+                                             "deployment-nodes": "8,9,10",
+                                             "output-dir": str(out)}))
+    assert ckpt is not None and config.deployment_nodes == "8,9,10" and config.num_rounds == 2
