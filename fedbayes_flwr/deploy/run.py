@@ -59,6 +59,7 @@ from fedbayes_flwr.deploy.flwr_cli import (
 )
 from fedbayes_flwr.deploy.processes import Processes, executable, free_port, sigterm_raises
 from fedbayes_flwr.deploy.tls import make_node_key, make_tls, write_private
+from fedbayes_flwr.deploy.watchdog import tree_cpu_seconds
 from fedbayes_flwr.errors import DeploymentError
 from fedbayes_flwr.runtime.steps import Interrupted, check_stop
 
@@ -91,16 +92,38 @@ class Deployment(NamedTuple):
     log_dir: Path
 
 
+BUSY_WINDOW_S = 10.0  # a start-up that used this share of a core over this window is working
+BUSY_SHARE = 0.05  # a CPU-bound process gets ~0.2 of a core at load 9 on 2 cores; a hung one ~0
+WAIT_CAP_S = 600.0  # no start-up wait lasts longer, however busy
+
+
 def _wait_port(host: str, port: int, procs: Processes, name: str, deadline_s: float) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
+    """Wait until ``name`` listens on ``host:port``: up to ``deadline_s``, and on past it while
+    its processes still work (at least :data:`BUSY_SHARE` of a core over the last
+    :data:`BUSY_WINDOW_S`: a loaded machine starts everything slower), at most
+    :data:`WAIT_CAP_S`. An idle process that does not listen (a hang) or one that exits ends
+    the wait with one line."""
+    start = time.monotonic()
+    pid = procs.started[name].pid
+    samples = [(start, tree_cpu_seconds(pid))]
+    while True:
         if name in procs.exited():
             raise DeploymentError(f"{name} exited with status {procs.exited()[name]}: "
                                   f"{one_line(procs.log_tail(name))}")
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
             return
         time.sleep(0.2)
-    raise DeploymentError(f"{name} did not listen on {host}:{port} within {deadline_s:.0f} s")
+        now = time.monotonic()
+        samples.append((now, tree_cpu_seconds(pid)))
+        while len(samples) > 2 and samples[1][0] <= now - BUSY_WINDOW_S:
+            samples.pop(0)
+        (t0, c0), (t1, c1) = samples[0], samples[-1]
+        share = (c1 - c0) / max(t1 - t0, 1e-9)
+        if now - start > deadline_s and (share < BUSY_SHARE or now - start > WAIT_CAP_S):
+            raise DeploymentError(f"{name} did not listen on {host}:{port} within "
+                                  f"{now - start:.0f} s (its processes used {share:.0%} of a "
+                                  f"core over the last {t1 - t0:.0f} s); log "
+                                  f"{procs.log_dir / (name + '.log')}")
 
 
 def _wait_online(node_ids: list[int], procs: Processes, env, cwd: Path, address: str,

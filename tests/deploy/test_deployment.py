@@ -239,7 +239,7 @@ def test_deployment_nodes_must_be_node_ids():
 def test_a_busy_command_may_outlast_its_base_wait_and_an_idle_one_fails():
     """The Flower tests' subprocess wait (issue 32): a CPU-bound command goes on past
     ``base_s`` (a slow start on a loaded machine); an idle one (a hang) fails once its process
-    tree used under a quarter of a core over the window, with one message saying so."""
+    tree used under a tenth of a core over the window, with one message saying so."""
     from tests.helpers.flower_utils import run_while_busy
 
     busy = run_while_busy([sys.executable, "-c", "import time\nt = time.monotonic()\n"
@@ -517,3 +517,26 @@ def test_a_resumed_run_takes_the_node_ids_of_its_own_deployment(tmp_path):
                                              "deployment-nodes": "8,9,10",
                                              "output-dir": str(out)}))
     assert ckpt is not None and config.deployment_nodes == "8,9,10" and config.num_rounds == 2
+
+
+def test_the_superlink_port_wait_outlasts_its_deadline_while_busy_and_not_when_idle(tmp_path):
+    """Issue 32: ``_wait_port`` goes on past its deadline while the process works (a slow
+    start), and an idle process that never listens (a hang) fails right after it, in one
+    line."""
+    from fedbayes_flwr.errors import DeploymentError
+
+    procs = deploy_processes.Processes(dict(os.environ), tmp_path)
+    port = deploy_processes.free_port()
+    try:
+        procs.start("busy", [sys.executable, "-c", (
+            "import socket, time\nt = time.monotonic()\nwhile time.monotonic() - t < 2: pass\n"
+            f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(30)")])
+        deploy._wait_port("127.0.0.1", port, procs, "busy", 0.5)  # returns once listening
+        procs.start("idle", [sys.executable, "-c", "import time; time.sleep(60)"])
+        started = time.monotonic()
+        with pytest.raises(DeploymentError, match=r"idle did not listen on 127.0.0.1:\d+ within "
+                                                  r"\d+ s \(its processes used \d+% of a core"):
+            deploy._wait_port("127.0.0.1", deploy_processes.free_port(), procs, "idle", 0.5)
+        assert time.monotonic() - started < 15  # 0.5 s and the start-up of Python
+    finally:
+        procs.stop_all(grace_s=2)

@@ -154,21 +154,11 @@ def wait_finished(run_id: int, env: dict[str, str], cwd: Path, deadline_s: float
 
 
 # --- processes -----------------------------------------------------------------------------
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds used by ``pid`` and its live descendants (user + system, and what their
-    reaped children used), from ``/proc/<p>/stat``; 0 where there is no ``/proc``."""
-    total = 0
-    for p in (pid, *processes.descendants(pid)):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / os.sysconf("SC_CLK_TCK")
+tree_cpu_s = processes.tree_cpu_seconds  # CPU seconds of a process and its descendants
 
 
 def run_while_busy(argv: list[str], *, base_s: float = 400.0, cap_s: float = 3600.0,
-                   window_s: float = 30.0, busy_cores: float = 0.25,
+                   window_s: float = 30.0, busy_cores: float = 0.1,
                    **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True, **kwargs)`` with a wait that is
     robust to a loaded machine and still catches a hang.
@@ -176,7 +166,8 @@ def run_while_busy(argv: list[str], *, base_s: float = 400.0, cap_s: float = 360
     The command may run past ``base_s`` as long as its process tree keeps working: its deadline
     moves on while the tree used at least ``busy_cores`` of one core over the last
     ``window_s`` (start-up on a loaded machine is CPU-bound: Ray actors and ClientApps importing
-    TensorFlow, tracing). A hang (every process waiting: a node that never connects, a reply
+    TensorFlow, tracing; one CPU-bound process still gets ~0.2 of a core at load 9 on 2 cores,
+    an idle Ray cluster used 0.03 here). A hang (every process waiting: a node that never connects, a reply
     that never comes) uses almost no CPU, so the command is stopped (its whole session) and
     ``AssertionError`` names the elapsed time and the CPU share, after at most
     ``base_s + window_s``; ``cap_s`` bounds everything.
