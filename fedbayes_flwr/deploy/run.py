@@ -97,6 +97,27 @@ BUSY_SHARE = 0.05  # a CPU-bound process gets ~0.2 of a core at load 9 on 2 core
 WAIT_CAP_S = 600.0  # no start-up wait lasts longer, however busy
 
 
+class _Busy:
+    """The CPU share of some processes (and their descendants) over the last
+    :data:`BUSY_WINDOW_S` seconds, sampled on each call."""
+
+    def __init__(self, pids: list[int]):
+        self.pids = pids
+        self.samples = [(time.monotonic(), self._cpu())]
+
+    def _cpu(self) -> float:
+        return sum(tree_cpu_seconds(pid) for pid in self.pids)
+
+    def share(self) -> tuple[float, float]:
+        """``(share of one core, seconds it covers)`` now."""
+        now = time.monotonic()
+        self.samples.append((now, self._cpu()))
+        while len(self.samples) > 2 and self.samples[1][0] <= now - BUSY_WINDOW_S:
+            self.samples.pop(0)
+        (t0, c0), (t1, c1) = self.samples[0], self.samples[-1]
+        return max(0.0, c1 - c0) / max(t1 - t0, 1e-9), t1 - t0
+
+
 def _wait_port(host: str, port: int, procs: Processes, name: str, deadline_s: float) -> None:
     """Wait until ``name`` listens on ``host:port``: up to ``deadline_s``, and on past it while
     its processes still work (at least :data:`BUSY_SHARE` of a core over the last
@@ -104,8 +125,7 @@ def _wait_port(host: str, port: int, procs: Processes, name: str, deadline_s: fl
     :data:`WAIT_CAP_S`. An idle process that does not listen (a hang) or one that exits ends
     the wait with one line."""
     start = time.monotonic()
-    pid = procs.started[name].pid
-    samples = [(start, tree_cpu_seconds(pid))]
+    busy = _Busy([procs.started[name].pid])
     while True:
         if name in procs.exited():
             raise DeploymentError(f"{name} exited with status {procs.exited()[name]}: "
@@ -113,16 +133,12 @@ def _wait_port(host: str, port: int, procs: Processes, name: str, deadline_s: fl
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
             return
         time.sleep(0.2)
-        now = time.monotonic()
-        samples.append((now, tree_cpu_seconds(pid)))
-        while len(samples) > 2 and samples[1][0] <= now - BUSY_WINDOW_S:
-            samples.pop(0)
-        (t0, c0), (t1, c1) = samples[0], samples[-1]
-        share = (c1 - c0) / max(t1 - t0, 1e-9)
-        if now - start > deadline_s and (share < BUSY_SHARE or now - start > WAIT_CAP_S):
+        share, window = busy.share()
+        took = time.monotonic() - start
+        if took > deadline_s and (share < BUSY_SHARE or took > WAIT_CAP_S):
             raise DeploymentError(f"{name} did not listen on {host}:{port} within "
-                                  f"{now - start:.0f} s (its processes used {share:.0%} of a "
-                                  f"core over the last {t1 - t0:.0f} s); log "
+                                  f"{took:.0f} s (its processes used {share:.0%} of a "
+                                  f"core over the last {window:.0f} s); log "
                                   f"{procs.log_dir / (name + '.log')}")
 
 
@@ -132,10 +148,12 @@ def _wait_online(node_ids: list[int], procs: Processes, env, cwd: Path, address:
 
     Fails at once, in one line naming the node, when its process exits or its log shows a TLS
     failure (Flower's SuperNode reports it and ends, or retries, however ``--max-retries`` is
-    set), and after ``deadline_s`` for a node that stays silent.
+    set), and after ``deadline_s`` for nodes that stay offline, unless their processes still
+    work (:class:`_Busy`, at most :data:`WAIT_CAP_S`).
     """
-    end = time.monotonic() + deadline_s
+    start = time.monotonic()
     names = {node: f"supernode-{k}" for k, node in enumerate(node_ids)}
+    busy = _Busy([procs.started[name].pid for name in names.values()])
     while True:
         check_stop()
         procs.note()
@@ -156,10 +174,13 @@ def _wait_online(node_ids: list[int], procs: Processes, env, cwd: Path, address:
                    if status.get(n) != "online"}
         if not offline:
             return
-        if time.monotonic() > end:
+        share, window = busy.share()
+        took = time.monotonic() - start
+        if took > deadline_s and (share < BUSY_SHARE or took > WAIT_CAP_S):
             states = ", ".join(f"{name} {state}" for name, state in offline.items())
-            raise DeploymentError(f"SuperNodes not online after {deadline_s:.0f} s ({states}); "
-                                  f"logs in {procs.log_dir}")
+            raise DeploymentError(f"SuperNodes not online after {took:.0f} s ({states}; their "
+                                  f"processes used {share:.0%} of a core over the last "
+                                  f"{window:.0f} s); logs in {procs.log_dir}")
         time.sleep(0.5)
 
 
@@ -191,7 +212,7 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
 
     The SuperNodes must all be online before the run is submitted, within
     ``max(STARTUP_TIMEOUT_S, 30 x the SuperLink's own start-up time)`` (a loaded machine starts
-    every process slower); a SuperNode that exits or fails its TLS handshake ends the wait at
+    every process slower), or later while their processes still work; a SuperNode that exits or fails its TLS handshake ends the wait at
     once with one line naming it. The run config given to the apps carries
     ``deployment-nodes``, the node ids registered here: the ServerApp sends work to no other
     node and refuses any other node's reply (a node registered by someone else through the
