@@ -23,6 +23,7 @@ from logging import INFO, WARNING
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
+from flwr.common.constant import SUPERLINK_NODE_ID as SUPERLINK_NODE
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -48,7 +49,7 @@ from fedbayes_flwr.runtime.steps import (
 
 from . import checkpointing as ckpt_flower
 from .drivers import run_barrier, run_on_arrival, send_and_receive
-from .nodes import partition_nodes
+from .nodes import parse_node_ids, partition_nodes
 
 
 def message_type(category: str, bundle_name: str) -> str:
@@ -95,6 +96,9 @@ class BundleStrategy(Strategy):
         self.run_seed = setup.run_seed
         self.eval_every, self.max_seconds, self.max_retries = eval_every, max_seconds, max_retries
         self.node_timeout, self.round_timeout = node_timeout, round_timeout
+        # the node ids a deployment registered (run-config key deployment-nodes): no other node
+        # is sent work or heard from; None: any node (simulation, a user's own deployment)
+        self.allowed_nodes = parse_node_ids((run_config or {}).get("deployment-nodes", ""))
         self.dead: set[int] = set()  # partitions that timed out: never asked again this run
         self.failed: dict[int, Rejection] = {}  # partitions whose node failed the query
         self._sent: dict[str, int] = {}  # message id -> partition (for replies the link makes)
@@ -138,7 +142,8 @@ class BundleStrategy(Strategy):
         query with an error is *failed* (dead from the start, its rejections carry the node's
         own error): the run goes on without it."""
         if self.nodes is None:
-            found = partition_nodes(grid, self.num_clients, timeout=self.node_timeout)
+            found = partition_nodes(grid, self.num_clients, timeout=self.node_timeout,
+                                    allowed=self.allowed_nodes)
             self.nodes = found.nodes
             self.partition_of = {node: pid for pid, node in self.nodes.items()}
             self.failed = {pid: Rejection(pid, "reply", f"partition query failed: {reason}")
@@ -201,16 +206,30 @@ class BundleStrategy(Strategy):
         return out
 
     def _by_partition(self, replies: Iterable[Message]) -> dict[int, Message]:
+        """The replies of the current exchange by partition (each checked by
+        :meth:`_by_partition_of`); any other reply is refused and logged."""
         out = {}
         for reply in replies:
-            pid = self.partition_of.get(reply.metadata.src_node_id,
-                                        self._sent.get(reply.metadata.reply_to_message_id))
+            pid = self._sent.get(reply.metadata.reply_to_message_id,
+                                 self.partition_of.get(reply.metadata.src_node_id))
             if pid is None or pid not in self._pending:
-                log(WARNING, "%s: ignoring a reply from unexpected node %s", self.bundle.name,
-                    reply.metadata.src_node_id)
+                log(WARNING, "%s: refusing a reply from node %s (it answers no request of this "
+                    "exchange)", self.bundle.name, reply.metadata.src_node_id)
                 continue
-            out[pid] = reply
+            if self._by_partition_of(pid, reply):
+                out[pid] = reply
         return out
+
+    def _by_partition_of(self, pid: int, reply: Message) -> bool:
+        """True when ``reply`` comes from the node serving partition ``pid`` (or from the
+        SuperLink itself: Flower's own error replies); otherwise logs the refusal."""
+        src = reply.metadata.src_node_id
+        if src in ((self.nodes or {}).get(pid), SUPERLINK_NODE):
+            return True
+        log(WARNING, "%s: refusing a reply for partition %d from node %s (%s)", self.bundle.name,
+            pid, src, "not the node it was sent to" if src in self.partition_of
+            else "not a node of this run")
+        return False
 
     # ------------------------------------------------------------------ one exchange
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

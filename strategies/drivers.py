@@ -103,6 +103,8 @@ def run_on_arrival(strategy, grid: Grid, timeout: float, evaluate_fn, result: Re
             arrived.sort(key=lambda r: in_flight[r.metadata.reply_to_message_id][0])
             reply = arrived.pop(0)
             mid = reply.metadata.reply_to_message_id
+            if not strategy._by_partition_of(in_flight[mid][0], reply):
+                reply = None  # from a node that is not the one asked: refused (logged)
         else:
             reply, mid = None, late
         pid, req = in_flight.pop(mid)

@@ -79,10 +79,13 @@ def write_connection(flwr_home: Path, address: str, ca_cert: Path,
 
 
 def register_keys(keys: list[NodeKey], env: dict[str, str], cwd: Path,
-                  deadline_s: float = STARTUP_TIMEOUT_S) -> None:
+                  deadline_s: float = STARTUP_TIMEOUT_S) -> list[int]:
     """``flwr supernode register`` every public key (in parallel), retrying while the SuperLink
-    is still starting; raise :class:`DeploymentError` with Flower's answer otherwise."""
+    is still starting; raise :class:`DeploymentError` with Flower's answer otherwise. Returns
+    the node id the SuperLink gave each key (in the order of ``keys``; ids are fixed at
+    registration)."""
     pending, end = list(keys), time.monotonic() + deadline_s
+    node_ids: dict[Path, int] = {}
     while pending:
         procs = [(key, subprocess.Popen(
             [executable("flwr"), "supernode", "register", str(key.public), CONNECTION,
@@ -91,8 +94,11 @@ def register_keys(keys: list[NodeKey], env: dict[str, str], cwd: Path,
         failed = []
         for key, proc in procs:
             out, _ = proc.communicate(timeout=CLI_TIMEOUT_S)
-            if not last_json(out).get("success"):
+            answer = last_json(out)
+            if not answer.get("success") or "node-id" not in answer:
                 failed.append((key, out))
+            else:
+                node_ids[key.public] = int(answer["node-id"])
         if failed and time.monotonic() > end:
             key, out = failed[0]
             raise DeploymentError(f"flwr supernode register {key.public.name} failed: "
@@ -100,11 +106,53 @@ def register_keys(keys: list[NodeKey], env: dict[str, str], cwd: Path,
         pending = [key for key, _ in failed]
         if pending:
             time.sleep(1.0)
+    return [node_ids[key.public] for key in keys]
+
+
+def node_status(env: dict[str, str], cwd: Path) -> dict[int, str]:
+    """``flwr supernode list`` -> ``{node id: status}`` (``registered``, ``online``,
+    ``offline`` ...); ``{}`` when the SuperLink does not answer."""
+    payload = last_json(flwr(["supernode", "list", CONNECTION, "--format", "json"], env,
+                             cwd).stdout)
+    return {int(n["node-id"]): str(n.get("status", "")) for n in payload.get("nodes", [])
+            if str(n.get("node-id", "")).isdigit()}
+
+
+# what a SuperNode logs when the TLS handshake with the SuperLink fails (flwr 1.42: "SSL/TLS
+# handshake error detected", exit code 305, then the ssl module's reason)
+TLS_FAILURE = re.compile(r"handshake error|^\[SSL|CERTIFICATE_VERIFY_FAILED|certificate verify "
+                         r"failed|WRONG_VERSION_NUMBER", re.IGNORECASE)
+
+
+def tls_failure(log_text: str) -> str | None:
+    """The most specific TLS error line of a SuperNode's log (the ``[SSL: ...]`` reason when
+    there is one), or None when the log shows no TLS failure."""
+    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", log_text).splitlines()
+             if TLS_FAILURE.search(ln)]
+    reasons = [ln for ln in lines if ln.startswith("[SSL")] or lines
+    return reasons[0][:300] if reasons else None
 
 
 def one_line(text: str) -> str:
     lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if ln.strip()]
     return lines[-1][:400] if lines else "(no output)"
+
+
+def list_runs(env: dict[str, str], cwd: Path) -> dict[int, dict]:
+    """``flwr ls`` (every run on the SuperLink) -> ``{run id: entry}``; ``{}`` when the
+    SuperLink does not answer."""
+    payload = last_json(flwr(["ls", CONNECTION, "--format", "json"], env, cwd).stdout)
+    return runs_of(payload)
+
+
+def runs_of(payload: dict) -> dict[int, dict]:
+    """``{run id: entry}`` of a ``flwr ls --format json`` answer (entries without an integer
+    ``run-id`` are skipped)."""
+    out = {}
+    for entry in payload.get("runs", []):
+        with contextlib.suppress(TypeError, ValueError):
+            out[int(entry["run-id"])] = entry
+    return out
 
 
 def run_status(run_id: int, env: dict[str, str], cwd: Path) -> dict:

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedbayes_flwr.deploy.watchdog import alive, descendants
+from fedbayes_flwr.deploy.watchdog import alive, descendants, start_time
 from fedbayes_flwr.errors import DeploymentError
 
 
@@ -55,6 +55,14 @@ class Processes:
     def __init__(self, env: dict[str, str], log_dir: Path):
         self.env, self.log_dir = env, log_dir
         self.started: dict[str, subprocess.Popen] = {}
+        self.noted: dict[int, int | None] = {}  # descendant PID -> its start time
+
+    def note(self) -> None:
+        """Note the started processes' descendants now: a SuperNode that exits leaves its
+        SuperExec (own session) re-parented and retrying; :meth:`stop_all` stops it too."""
+        for proc in self.started.values():
+            for pid in descendants(proc.pid):
+                self.noted.setdefault(pid, start_time(pid))
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen:
         fd = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -82,6 +90,8 @@ class Processes:
         Returns every PID seen."""
         procs = list(self.started.values())[::-1]
         pids = [pid for proc in procs for pid in (proc.pid, *sorted(descendants(proc.pid)))]
+        pids += [pid for pid, t in self.noted.items()  # orphans of an exited process
+                 if pid not in pids and t is not None and start_time(pid) == t]
         mine = os.getpgrp()
         groups = list(dict.fromkeys(g for g in map(_pgid, pids) if g not in (None, mine)))
         for group in groups:

@@ -83,6 +83,19 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds used by ``pid`` and its live descendants (user + system, with what their
+    reaped children used), from ``/proc/<p>/stat``; 0.0 where there is no ``/proc``."""
+    ticks = 0
+    for p in (pid, *descendants(pid)):
+        fields = _stat_fields(p)
+        try:
+            ticks += sum(int(f) for f in fields[11:15]) if fields else 0  # utime..cstime
+        except ValueError:
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.0
+
+
 def has_env(pid: int, entry: str) -> bool:
     """True when the environment of ``pid`` holds ``entry`` (``NAME=value``) exactly."""
     try:

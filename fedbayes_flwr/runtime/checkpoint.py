@@ -339,7 +339,7 @@ def resume_config(ckpt: Checkpoint, output_dir: str, num_rounds: int | None = No
 
 
 # run-config keys a resumed run may set differently from the stored run
-RESUME_MAY_CHANGE = ("num-rounds", "output-dir", "resume")
+RESUME_MAY_CHANGE = ("num-rounds", "output-dir", "resume", "deployment-nodes")
 
 
 def resumed(config):
@@ -365,4 +365,6 @@ def resumed(config):
     if os.path.abspath(config.output_dir) != stored.output_dir:
         warnings.warn(f"output-dir {config.output_dir!r} is not used: the resumed run goes on "
                       f"in {stored.output_dir}", stacklevel=2)
-    return stored.replace(resume=stored.output_dir), ckpt
+    # the nodes of THIS deployment (a resumed deployment registers new ones)
+    return stored.replace(resume=stored.output_dir,
+                          deployment_nodes=config.deployment_nodes), ckpt

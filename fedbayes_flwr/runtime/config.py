@@ -76,6 +76,7 @@ class RunConfig:
     stragglers: str = ""
     straggler_factor: float = 5.0
     resume: str = ""
+    deployment_nodes: str = ""
     section: Any = dataclasses.field(default=None, compare=True)
 
     @property
@@ -326,6 +327,8 @@ def validate(c: RunConfig) -> None:
          f"must be >= 0 (0 or inf = no limit), got {c.max_seconds}")
     need(c.max_retries >= 0, "max-retries", f"must be >= 0, got {c.max_retries}")
     need(c.node_timeout > 0, "node-timeout", f"must be > 0 seconds, got {c.node_timeout}")
+    need(all(p.strip().isdigit() for p in c.deployment_nodes.split(",") if p.strip()),
+         "deployment-nodes", f"must be comma-separated node ids, got {c.deployment_nodes!r}")
     need(c.round_timeout > 0, "round-timeout", f"must be > 0 seconds, got {c.round_timeout}")
     need(c.client_delay >= 0, "client-delay", f"must be >= 0, got {c.client_delay}")
     need(c.straggler_factor >= 1, "straggler-factor", f"must be >= 1, got {c.straggler_factor}")

@@ -121,7 +121,7 @@ NODE_LOCAL_KEYS = ("data", "client-delay", "output-dir")
 # differs fails with a message starting with MISMATCH (the strategy stops the run on it).
 EXPECT, MISMATCH = "expect.", "experiment mismatch"
 SERVER_ONLY_KEYS = ("eval-every", "max-seconds", "max-retries", "node-timeout", "round-timeout",
-                    "resume")
+                    "resume", "deployment-nodes")
 
 
 def fingerprint(bundle_name: str, setup: Setup, run_config: dict | None = None) -> dict:

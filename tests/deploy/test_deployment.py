@@ -131,6 +131,129 @@ def test_no_node_can_answer_the_partition_query_raises_the_clients_own_error():
     assert "no connected node serves" not in message and "\n" not in message
 
 
+class _SlowGrid(_Grid):
+    """A :class:`_Grid` whose ClientApps start slowly: a partition query is answered only after
+    ``starts`` pulls, so a ``send_and_receive`` with a per-query timeout sees no reply (as the
+    Simulation Engine's did while a loaded machine started the Ray actors); ``silent`` nodes
+    never answer (a node that connected and hangs)."""
+
+    def __init__(self, exp, starts=5, silent=(), extra=()):
+        super().__init__(exp)
+        self.starts, self.silent, self.pulls = starts, set(silent), 0
+        from flwr.app import Context, RecordDict
+
+        for node, pid in extra:  # more nodes (e.g. a rogue one claiming a partition)
+            self.contexts[node] = Context(1, node, {"partition-id": pid}, RecordDict(), {})
+
+    def _answer(self, message):
+        if message.metadata.dst_node_id >= 900 and message.metadata.message_type == \
+                "query.partition":  # an extra node claims the partition of its node config
+            from flwr.app import ConfigRecord, Message, RecordDict
+
+            node = message.metadata.dst_node_id
+            self.asked.append(node)
+            return Message(RecordDict({"config": ConfigRecord(
+                {"partition-id": self.contexts[node].node_config["partition-id"],
+                 "num-partitions": self.exp.num_clients})}), reply_to=message)
+        return super()._answer(message)
+
+    def send_and_receive(self, messages, timeout):
+        for m in messages:  # pushed, but the ClientApp is not up before the query times out
+            self.push_messages([m])
+        return []
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        if self.pulls < self.starts:
+            return []
+        silent = {mid for mid in message_ids if mid in self.replies
+                  and self.replies[mid].metadata.src_node_id in self.silent}
+        return [self.replies.pop(mid) for mid in message_ids
+                if mid in self.replies and mid not in silent]
+
+
+def test_a_slow_starting_node_is_waited_for_not_written_off(monkeypatch):
+    """Issue 32: the partition query is sent once and its reply pulled for as long as
+    node-timeout, so nodes whose ClientApps answer late are mapped (today's main asked each
+    node once with a 120 s query timeout and never again: "0 of 2 connected")."""
+    import strategies.nodes as nodes
+
+    monkeypatch.setattr(nodes, "POLL_S", 0.01)
+    exp = build_experiment(parse_run_config({**LR, "num-clients": 2}))
+    with task_identity():
+        assert nodes.partition_map(_SlowGrid(exp, starts=20), 2, timeout=10) == {0: 100, 1: 101}
+
+
+def test_a_node_that_never_answers_fails_after_node_timeout_naming_it(monkeypatch):
+    """A real hang still fails, in bounded time (node-timeout), in one line naming the node."""
+    import strategies.nodes as nodes
+
+    monkeypatch.setattr(nodes, "POLL_S", 0.01)
+    exp = build_experiment(parse_run_config({**LR, "num-clients": 2}))
+    started = time.monotonic()
+    with task_identity(), pytest.raises(nodes.PartitionError) as err:
+        nodes.partition_map(_SlowGrid(exp, starts=1, silent={101}), 2, timeout=0.5)
+    took = time.monotonic() - started
+    message = str(err.value)
+    assert "partition ids [1] after 0 s (1 of 2 partitions connected)" in message, message
+    assert "never answered the partition query: [101]" in message and "\n" not in message
+    assert took < 5, took  # 0.5 s node-timeout plus one poll; 5 s bounds a loaded machine
+
+
+def test_the_strategy_never_asks_nor_hears_a_node_the_run_did_not_register():
+    """Issue 32: with ``deployment-nodes`` (what ``--engine deployment`` registered), a rogue
+    node the SuperLink lists, here claiming partition 0, gets no message (today's main asked it
+    and stopped: "nodes 100 and 999 both claim partition-id 0"), the run equals the exact
+    posterior, and a reply that claims to come from it is refused."""
+    from types import SimpleNamespace
+
+    from strategies.server_app import strategy_for
+
+    exp = build_experiment(parse_run_config({**LR, "deployment-nodes": "100,101,102"}))
+    grid = _SlowGrid(exp, starts=1, extra=[(999, 0)])
+    strategy = strategy_for(exp)
+    with task_identity():
+        strategy.start(grid, num_rounds=2, evaluate_fn=lambda u, _: None)
+    assert strategy.outcome == "completed" and strategy.nodes == {0: 100, 1: 101, 2: 102}
+    assert 999 not in grid.asked and set(grid.asked) == {100, 101, 102}
+    exact = models.exact_posterior(exp.model, exp.prior, exp.dataset.x_train[
+        np.concatenate(exp.partitions)], exp.dataset.y_train[np.concatenate(exp.partitions)])
+    mean, _ = G.to_moments(exact)
+    # PVI on a conjugate model is exact after one update, up to float64 round-off of a 4x4 solve
+    np.testing.assert_allclose(strategy.posterior.mean(), mean, rtol=1e-9, atol=1e-12)
+
+    def reply(src):
+        return SimpleNamespace(metadata=SimpleNamespace(src_node_id=src))
+    assert strategy._by_partition_of(0, reply(100)) and strategy._by_partition_of(0, reply(1))
+    assert not strategy._by_partition_of(0, reply(999))  # not a node of this run
+    assert not strategy._by_partition_of(0, reply(101))  # a node of the run, not partition 0's
+
+
+def test_deployment_nodes_must_be_node_ids():
+    from fedbayes_flwr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="deployment-nodes.*comma-separated node ids"):
+        parse_run_config({**LR, "deployment-nodes": "1,two"})
+
+
+def test_a_busy_command_may_outlast_its_base_wait_and_an_idle_one_fails():
+    """The Flower tests' subprocess wait (issue 32): a CPU-bound command goes on past
+    ``base_s`` (a slow start on a loaded machine); an idle one (a hang) fails once its process
+    tree used under a tenth of a core over the window, with one message saying so."""
+    from tests.helpers.flower_utils import run_while_busy
+
+    busy = run_while_busy([sys.executable, "-c", "import time\nt = time.monotonic()\n"
+                           "while time.monotonic() - t < 3: pass\nprint('done')"],
+                          base_s=0.5, window_s=1.0)
+    assert busy.returncode == 0 and busy.stdout.strip() == "done"
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match=r"idle \(its processes used \d+% of a core over "
+                                             r"the last 1 s\) after \d+ s: a hang"):
+        run_while_busy([sys.executable, "-c", "import time; time.sleep(60)"], base_s=0.5,
+                       window_s=1.0)
+    assert time.monotonic() - started < 15  # base 0.5 s + a 1 s window; 15 s bounds a loaded CI
+
+
 # ------------------------------------------------------------------ credentials, app copy (fast)
 def test_certificates_and_node_keys_are_what_flower_reads(tmp_path):
     from cryptography import x509
@@ -286,3 +409,134 @@ def test_unregistered_supernode_exits_with_flowers_activation_error(tmp_path):
     text = procs.log_tail("supernode", 20000)
     assert "2004" in text and "Failed to activate SuperNode" in text, text
     assert not any(processes.alive(pid) for pid in pids)
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds PIDs in /proc")
+def test_a_supernode_with_the_wrong_ca_ends_the_cli_wait_in_one_line(tmp_path):
+    """Issue 32: a SuperNode given another CA certificate fails its TLS handshake; the CLI's
+    own wait ends at once with one line naming the node and the TLS failure (from its log), no
+    run is submitted and no process is left (its SuperExec, re-parented, included)."""
+    from fedbayes_flwr.errors import DeploymentError
+
+    wrong = deploy_tls.make_tls(tmp_path / "other-ca")
+    config = parse_run_config({**LR, "num-clients": 1, "num-rounds": 1,
+                               "output-dir": str(tmp_path / "out")}).to_run_config()
+    started = time.monotonic()
+    with pytest.raises(DeploymentError) as err:
+        deploy.run_deployment(config, progress=False, node_root_certificates=wrong.ca_cert)
+    took = time.monotonic() - started
+    message = str(err.value)
+    assert message.startswith("supernode-0 (node ") and "\n" not in message, message
+    assert "over TLS: [SSL: CERTIFICATE_VERIFY_FAILED]" in message, message
+    assert took < 120, took  # seconds alone; far below the 60 s x load start-up deadline
+    listed = json.loads((tmp_path / "out" / "deployment-logs" / "processes.json").read_text())
+    assert not any(processes.alive(pid) for pid in listed["stopped"])
+    assert "serverapp.log" not in os.listdir(tmp_path / "out" / "deployment-logs")  # no run
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds PIDs in /proc")
+def test_a_rogue_supernode_registered_through_the_control_api_gets_no_work(tmp_path,
+                                                                           monkeypatch):
+    """Issue 32: just before the run is submitted, a local process with its own FLWR_HOME, the
+    run's port and CA certificate registers its own key (open-source Flower's Control API
+    authenticates nobody: it answers success), starts a SuperNode claiming partition 0 and
+    submits a run of its own. The ServerApp refuses the node (logged) and sends it nothing, the
+    CLI stops the foreign run, and the run equals the in-process run."""
+    rogue_home, rogue_logs = tmp_path / "rogue-home", tmp_path / "rogue-logs"
+    rogue_logs.mkdir()
+    rogue_env = flwr_cli.flwr_env(rogue_home)
+    rogue_procs = deploy_processes.Processes(rogue_env, rogue_logs)
+    seen: dict = {}
+    real_wait = deploy._wait_online
+
+    def wait_then_attack(node_ids, procs, env, cwd, address, deadline_s, check_stop):
+        real_wait(node_ids, procs, env, cwd, address, deadline_s, check_stop)
+        flwr_cli.write_connection(rogue_home, address, cwd / "tls" / "ca.crt")
+        key = deploy_tls.make_node_key(tmp_path / "rogue-key", "rogue")
+        reg = flwr_cli.flwr(["supernode", "register", str(key.public), flwr_cli.CONNECTION,
+                             "--format", "json"], rogue_env, tmp_path)
+        seen["register"] = flwr_cli.last_json(reg.stdout)
+        rogue_procs.start("rogue", [
+            deploy_processes.executable("flower-supernode"), "--superlink", address,
+            "--root-certificates", str(cwd / "tls" / "ca.crt"), "--auth-supernode-private-key",
+            str(key.private), "--port", str(deploy_processes.free_port()), "--node-config",
+            "partition-id=0 num-partitions=2"])
+        rogue = int(seen["register"]["node-id"])
+        end = time.monotonic() + deadline_s
+        while flwr_cli.node_status(rogue_env, tmp_path).get(rogue) != "online":
+            assert time.monotonic() < end and not rogue_procs.exited(), \
+                rogue_procs.log_tail("rogue")
+            time.sleep(0.5)
+        seen["online"] = True
+        # ... and submits a run of its own (its ServerApp would run as the run's user)
+        app = flwr_cli.copy_app(tmp_path / "rogue-app", parse_run_config(
+            {**config, "num-rounds": 1, "output-dir": str(tmp_path / "rogue-out")})
+            .to_run_config())
+        sub = flwr_cli.flwr(["run", str(app), flwr_cli.CONNECTION, "--format", "json"],
+                            rogue_env, tmp_path)
+        seen["run"] = int(flwr_cli.last_json(sub.stdout)["run-id"])
+
+    monkeypatch.setattr(deploy, "_wait_online", wait_then_attack)
+    out = tmp_path / "deployed"
+    config = {**LR, "num-clients": 2, "num-rounds": 2}
+    try:
+        deploy.run_deployment(parse_run_config({**config, "output-dir": str(out)})
+                              .to_run_config(), progress=False)
+    finally:
+        rogue_procs.stop_all()
+    assert seen["register"].get("success") and seen.get("online")  # Flower let it in
+    rogue = int(seen["register"]["node-id"])
+    log = (out / "deployment-logs" / "serverapp.log").read_text()
+    assert f"refusing node(s) [{rogue}]: not among the nodes this run registered" in log, log
+    # the foreign run was stopped within a poll of the CLI's wait
+    control = (out / "deployment-logs" / "control-api.log").read_text()
+    assert f"stopped run {seen['run']}: not submitted by this deployment" in control, control
+    result = json.loads((out / "result.json").read_text())
+    assert result["outcome"] == "completed"
+    assert [row["clients"] for row in result["history"]] == [[0, 1], [0, 1]]
+    local = tmp_path / "local"
+    run_in_process(parse_run_config({**config, "output-dir": str(local)}), progress=False)
+    with np.load(out / "posterior.npz") as a, np.load(local / "posterior.npz") as b:
+        for name in a.files:  # the same float64 maths as in-process (the acceptance tolerance)
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+def test_a_resumed_run_takes_the_node_ids_of_its_own_deployment(tmp_path):
+    """A resumed deployment registers new nodes: ``deployment-nodes`` may change on resume
+    (every other key must equal the stored run's) and the new value is the one used."""
+    from fedbayes_flwr.runtime.checkpoint import resumed
+
+    out = tmp_path / "run"
+    run_in_process(parse_run_config({**LR, "num-rounds": 1, "deployment-nodes": "5,6,7",
+                                     "output-dir": str(out)}), progress=False)
+    config, ckpt = resumed(parse_run_config({**LR, "num-rounds": 2, "resume": str(out),
+                                             "deployment-nodes": "8,9,10",
+                                             "output-dir": str(out)}))
+    assert ckpt is not None and config.deployment_nodes == "8,9,10" and config.num_rounds == 2
+
+
+def test_the_superlink_port_wait_outlasts_its_deadline_while_busy_and_not_when_idle(tmp_path):
+    """Issue 32: ``_wait_port`` goes on past its deadline while the process works (a slow
+    start), and an idle process that never listens (a hang) fails right after it, in one
+    line."""
+    from fedbayes_flwr.errors import DeploymentError
+
+    procs = deploy_processes.Processes(dict(os.environ), tmp_path)
+    port = deploy_processes.free_port()
+    try:
+        procs.start("busy", [sys.executable, "-c", (
+            "import socket, time\nt = time.monotonic()\nwhile time.monotonic() - t < 2: pass\n"
+            f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(30)")])
+        deploy._wait_port("127.0.0.1", port, procs, "busy", 0.5)  # returns once listening
+        procs.start("idle", [sys.executable, "-c", "import time; time.sleep(60)"])
+        started = time.monotonic()
+        with pytest.raises(DeploymentError, match=r"idle did not listen on 127.0.0.1:\d+ within "
+                                                  r"\d+ s \(its processes used \d+% of a core"):
+            deploy._wait_port("127.0.0.1", deploy_processes.free_port(), procs, "idle", 0.5)
+        assert time.monotonic() - started < 15  # 0.5 s and the start-up of Python
+    finally:
+        procs.stop_all(grace_s=2)

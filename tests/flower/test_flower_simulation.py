@@ -7,7 +7,6 @@ the same metrics, including a client whose NaN reply is rejected by the strategy
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.engine import run_in_process
+from tests.helpers.flower_utils import run_while_busy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.flower
@@ -33,11 +33,12 @@ LOGISTIC_KEYS = {"model": "logistic-regression", "dataset": "breast-cancer", "nu
 
 def _simulate(out, argv, run_config, cpus="1"):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.run(
+    # a loaded machine may take minutes to start the Ray actors: the wait goes on while the
+    # run's processes work, and a hang (idle processes) fails after at most 400 s + 30 s
+    proc = run_while_busy(
         [sys.executable, os.path.join(ROOT, "run_simulation.py"), "--engine", "simulation",
          "--quiet", "--output-dir", str(out), "--num-cpus-per-client", cpus, *argv,
-         "--run-config", run_config],
-        capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+         "--run-config", run_config], base_s=400, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # the driver's own output is plain: no colour-coded log lines in a log file, no deprecation
     # notice (Ray actors' start-up lines, prefixed "(pid=...)", are Ray's own log forwarding and

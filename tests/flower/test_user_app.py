@@ -4,7 +4,6 @@ through the Simulation Engine it gives the in-process posterior (to 1e-6) and th
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 import fedbayes_flwr
 from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.experiment import build_experiment
+from tests.helpers.flower_utils import run_while_busy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = [pytest.mark.flower, pytest.mark.slow]
@@ -51,9 +51,9 @@ def test_user_app_through_simulation_equals_in_process(tmp_path, case):
         np.savez(data_dir / f"partition-{pid}.npz", x=rows.x, y=rows.y)
     np.savez(data_dir / "test.npz", x=data["x_test"], y=data["y_test"])
     out = tmp_path / "flower"
-    proc = subprocess.run(
+    proc = run_while_busy(  # waits while the Ray actors start on a loaded machine
         [sys.executable, "-m", "tests.helpers.user_app.run", json.dumps(settings),
-         str(data_dir), str(out)], capture_output=True, text=True, timeout=400, cwd=ROOT,
+         str(data_dir), str(out)], base_s=400, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr[-4000:]
     flower = json.loads((out / "result.json").read_text())

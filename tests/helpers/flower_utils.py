@@ -154,6 +154,59 @@ def wait_finished(run_id: int, env: dict[str, str], cwd: Path, deadline_s: float
 
 
 # --- processes -----------------------------------------------------------------------------
+tree_cpu_s = processes.tree_cpu_seconds  # CPU seconds of a process and its descendants
+
+
+def run_while_busy(argv: list[str], *, base_s: float = 400.0, cap_s: float = 3600.0,
+                   window_s: float = 30.0, busy_cores: float = 0.1,
+                   **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True, **kwargs)`` with a wait that is
+    robust to a loaded machine and still catches a hang.
+
+    The command may run past ``base_s`` as long as its process tree keeps working: its deadline
+    moves on while the tree used at least ``busy_cores`` of one core over the last
+    ``window_s`` (start-up on a loaded machine is CPU-bound: Ray actors and ClientApps importing
+    TensorFlow, tracing; one CPU-bound process still gets ~0.2 of a core at load 9 on 2 cores,
+    an idle Ray cluster used 0.03 here). A hang (every process waiting: a node that never connects, a reply
+    that never comes) uses almost no CPU, so the command is stopped (its whole session) and
+    ``AssertionError`` names the elapsed time and the CPU share, after at most
+    ``base_s + window_s``; ``cap_s`` bounds everything.
+    """
+    import tempfile
+
+    start = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
+        samples = [(start, 0.0)]  # (time, tree CPU seconds)
+        why = None
+        while proc.poll() is None:
+            time.sleep(min(1.0, window_s / 4))
+            now = time.monotonic()
+            samples.append((now, max(samples[-1][1], tree_cpu_s(proc.pid))))
+            while len(samples) > 2 and samples[1][0] <= now - window_s:
+                samples.pop(0)
+            (t0, c0), (t1, c1) = samples[0], samples[-1]
+            share = (c1 - c0) / max(t1 - t0, 1e-9)
+            if now - start > cap_s:
+                why = f"still running after the cap of {cap_s:.0f} s"
+            elif now - start > base_s and t1 - t0 >= window_s * 0.9 and share < busy_cores:
+                why = (f"idle (its processes used {share:.0%} of a core over the last "
+                       f"{window_s:.0f} s) after {now - start:.0f} s: a hang")
+            if why:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
+    if why:
+        raise AssertionError(f"{' '.join(map(str, argv))[:200]}: {why}; stderr tail: "
+                             f"{done.stderr[-2000:]}")
+    return done
+
+
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -244,7 +297,7 @@ class LoopbackGrid:
     Every pushed message is answered at once by the real client handler
     (:func:`clients.handler.handle`) on its node's own ``Context``; a fresh instance is a new
     run (every node's ``context.state`` is empty, as Flower leaves it). The partition query
-    (``send_and_receive``) is answered from the partition IDs.
+    (pushed, or through ``send_and_receive``) is answered from the partition IDs.
 
     A handler that raises becomes what Flower's link returns: an error reply
     (``CLIENT_APP_RAISED_EXCEPTION``) for a ``ValueError`` (e.g. a refused client-state
@@ -297,6 +350,11 @@ class LoopbackGrid:
         ids = []
         for m in messages:
             m.metadata.__dict__["_message_id"] = mid = str(uuid.uuid4())
+            if m.metadata.message_type == "query.partition":
+                self.sent[mid] = m
+                (self.replies[mid],) = self.send_and_receive([m], 0.0)
+                ids.append(mid)
+                continue
             node = m.metadata.dst_node_id
             partition = node - NODE_ID_OFFSET
             self.pushed.append((partition, m))

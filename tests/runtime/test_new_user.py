@@ -254,15 +254,22 @@ class _FakeGrid:
         elapsed = time.monotonic() - self.t0
         return [100 + pid for pid, at in self.joins.items() if at <= elapsed]
 
-    def send_and_receive(self, messages, timeout):
+    def push_messages(self, messages):
+        self.pushed = getattr(self, "pushed", {})
+        ids = [f"q{len(self.pushed) + i}" for i in range(len(messages))]
+        self.pushed.update(zip(ids, (m.metadata.dst_node_id for m in messages), strict=True))
+        return ids
+
+    def pull_messages(self, message_ids):
         from types import SimpleNamespace
 
-        def reply(node):
+        def reply(mid, node):
             config = {"partition-id": node - 100, "num-partitions": self.n}
-            return SimpleNamespace(metadata=SimpleNamespace(src_node_id=node),
+            return SimpleNamespace(metadata=SimpleNamespace(src_node_id=node,
+                                                            reply_to_message_id=mid),
                                    has_error=lambda: False,
                                    content=SimpleNamespace(config_records={"config": config}))
-        return [reply(m.metadata.dst_node_id) for m in messages]
+        return [reply(mid, self.pushed.pop(mid)) for mid in message_ids if mid in self.pushed]
 
 
 def test_partition_map_waits_logs_progress_and_times_out_with_one_line(monkeypatch, caplog):
