@@ -210,13 +210,12 @@ def run_deployment(run_config: dict, *, progress: bool = True, host: str = "127.
     loads and splits the data again: the benchmark's "before"); ``node_root_certificates``
     gives the SuperNodes another CA certificate than the run's (a test of the TLS failure).
 
-    The SuperNodes must all be online before the run is submitted, within
-    ``max(STARTUP_TIMEOUT_S, 30 x the SuperLink's own start-up time)`` (a loaded machine starts
-    every process slower), or later while their processes still work; a SuperNode that exits or fails its TLS handshake ends the wait at
-    once with one line naming it. The run config given to the apps carries
-    ``deployment-nodes``, the node ids registered here: the ServerApp sends work to no other
-    node and refuses any other node's reply (a node registered by someone else through the
-    Control API gets nothing).
+    The SuperNodes must all be online before the run is submitted, within ``max(STARTUP_TIMEOUT_S,
+    30 x the SuperLink's own start-up time)`` (a loaded machine starts every process slower), or
+    later while their processes still work; a SuperNode that exits or fails its TLS handshake ends
+    the wait at once with one line naming it. The run config given to the apps carries ``deployment-
+    nodes``, the node ids registered here: the ServerApp sends work to no other node and refuses any
+    other node's reply (a node registered by someone else through the Control API gets nothing).
     """
 
     output_dir = Path(str(run_config["output-dir"]))
