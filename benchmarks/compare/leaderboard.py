@@ -63,8 +63,12 @@ def render_docs(doc: dict) -> str:
                      f"reference sd" if "w1_floor" in ref["diagnostics"] else "") + ".", "",
                   case["table"].rstrip(), ""]
     machine = doc["header"]["machine"]
+    load = doc.get("load_average")
     parts += [f"Measured {doc['header']['started']} ({machine['cpus']} CPUs, "
-              f"{machine['platform']}), {doc['seconds']:.0f} s in all.", "", END]
+              f"{machine['platform']}), {doc['seconds']:.0f} s in all"
+              + (f", 1-minute load average {load[0]:.1f} at the start and {load[1]:.1f} at the "
+                 f"end (wall times, and the samplers that stop at their time limit, depend on "
+                 f"it)" if load else "") + ".", "", END]
     return "\n".join(parts)
 
 
@@ -96,7 +100,8 @@ def main() -> int:
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         raise SystemExit(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
-    doc = {"header": common.meta(NAME, args, cases=cases), "cases": []}
+    doc = {"header": common.meta(NAME, args, cases=cases), "cases": [],
+           "load_average": [os.getloadavg()[0]] * 2}
     start = time.perf_counter()
     for case in cases:
         algorithms = SOFTMAX_ALGORITHMS if case == "digits-softmax" else ALGORITHMS
@@ -121,6 +126,7 @@ def main() -> int:
                                            "diagnostics": result["reference"]["diagnostics"]},
                              "algorithms": result["algorithms"], "table": table})
         doc["seconds"] = time.perf_counter() - start
+        doc["load_average"][1] = os.getloadavg()[0]
         common.write_json(out, doc)  # after every case: nothing lost
         print(table, flush=True)
     if args.write_docs:
