@@ -2,7 +2,8 @@
 
 Runs the CLI exactly as the docs print it (``python run_simulation.py --engine in-process --compare
 ...``, with ``python`` this interpreter), one command per case, and collects each case's
-``compare.json`` into ``benchmarks/results/compare/leaderboard.json``; ``--write-docs`` then
+``compare.json`` into ``benchmarks/results/compare/leaderboard.json`` (and its ``compare.png`` as
+``<case>.png``); ``--write-docs`` then
 rewrites the leaderboard section of ``docs/compare.md`` from that JSON (``render_docs``), which
 ``tests/comparison/test_leaderboard_docs.py`` checks is what the page holds.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -128,6 +130,8 @@ def main() -> int:
         doc["seconds"] = time.perf_counter() - start
         doc["load_average"][1] = os.getloadavg()[0]
         common.write_json(out, doc)  # after every case: nothing lost
+        shutil.copyfile(os.path.join(folder, "compare.png"),
+                        os.path.join(args.results_dir, f"{case}.png"))
         print(table, flush=True)
     if args.write_docs:
         write_docs(doc)
