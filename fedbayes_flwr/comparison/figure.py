@@ -55,13 +55,15 @@ def comparison_figure(reference: ReferencePosterior, rows: list[dict],
         lo, hi = np.quantile(ref, [0.001, 0.999])
         pad = 0.5 * (hi - lo)
         bins = np.linspace(lo - pad, hi + pad, 50)
-        ax.hist(ref, bins=bins, density=True, color="0.8", label=f"reference ({reference.kind})")
+        heights, _, _ = ax.hist(ref, bins=bins, density=True, color="0.8",
+                                label=f"reference ({reference.kind})")
         for name, post in posteriors.items():
             if int(post.dim) != reference.draws.shape[1]:
                 continue
             draws = np.asarray(post.sample(DRAWS_SEED, reference.draws.shape[0]))[:, j]
             ax.hist(np.clip(draws, bins[0], bins[-1]), bins=bins, density=True,
                     histtype="step", label=name)
+        ax.set_ylim(0, 2.5 * float(np.max(heights)))  # a point estimate's spike is cut
         ax.set_title(f"theta[{j}]", fontsize=9)
         ax.tick_params(labelsize=8)
         if j == 0:
