@@ -10,10 +10,10 @@ dtype and length), ``huge`` (every float array of the reply multiplied by :data:
 finite and well-formed, but past what one client may do, which each bundle's ``check`` bounds,
 :mod:`fedbayes_flwr.algorithms.bounds`), ``error`` (the client fails) or ``drop`` (the reply
 never arrives). Lasting kinds hit every request of every category (train, evaluate, query) from
-update ``ROUND`` on, every attempt: ``raise-always`` (the client raises) and ``hang`` (the client never answers: a Flower
-ClientApp sleeps :func:`hang_seconds`, past the message's time-to-live, then raises, so its process
-ends; the in-process engine records the timeout at once, without sleeping). Both engines apply the
-same rule. """
+update ``ROUND`` on, every attempt: ``raise-always`` (the client raises) and ``hang`` (the client
+never answers: a Flower ClientApp sleeps :func:`hang_seconds`, past the message's time-to-live,
+then raises, so its process ends; the in-process engine records the timeout at once, without
+sleeping). Both engines apply the same rule. """
 
 from __future__ import annotations
 
