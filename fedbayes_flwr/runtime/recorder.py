@@ -16,6 +16,7 @@ import numpy as np
 
 from fedbayes_flwr.inference.posterior import TracePosterior
 from fedbayes_flwr.runtime.checkpoint import Checkpoint, save
+from fedbayes_flwr.runtime.memory import format_bytes
 
 OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed", "interrupted")
 # The files a run writes; a reused output directory loses these (and only these) at the start.
@@ -238,8 +239,6 @@ def start_text(exp) -> str:
     hook = exp.bundle.memory_estimate
     estimate = None if hook is None else hook(setup)
     if estimate is not None:
-        from fedbayes_flwr.runtime.memory import format_bytes
-
         text += f", about {format_bytes(estimate.nbytes)} of arrays"
     return text
 

@@ -112,12 +112,10 @@ def test_progress_shows_a_first_line_before_the_first_update(tmp_path, capsys):
     from fedbayes_flwr.runtime.config import parse_run_config
     from fedbayes_flwr.runtime.engine import run_in_process
 
-    run_in_process(parse_run_config({"algorithm": "dsvgd", "model": "gaussian-mean",
-                                     "dataset": "synthetic", "synthetic-dim": 2,
-                                     "synthetic-size": 30, "num-clients": 3, "num-rounds": 1,
-                                     "dsvgd.num-particles": 4, "dsvgd.local-iterations": 2,
-                                     "dsvgd.distillation-iterations": 2,
+    run_in_process(parse_run_config({"algorithm": "pvi", "model": "linear-regression",
+                                     "dataset": "synthetic", "num-clients": 3, "num-rounds": 1,
                                      "output-dir": str(tmp_path)}), progress=True)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[0].startswith("started: dsvgd, 3 clients, 2 parameters, 1 updates, about "), lines
+    # synthetic linear regression: 3 features; PVI's estimate (3 K + 6) d^2 x 8 = 15 x 9 x 8 B
+    assert lines[0] == "started: pvi, 3 clients, 3 parameters, 1 updates, about 1.05 KiB of arrays", lines
     assert lines[1].startswith("update 1: "), lines
