@@ -80,7 +80,12 @@ def gaussian_step_error(old: G.NaturalGaussian, new: G.NaturalGaussian,
 
 def position_error(field: str, positions: np.ndarray, prior: G.NaturalGaussian) -> tuple[str, str] | None:
     """``(field, reason)`` when a coordinate of ``positions`` (``(..., d)``) lies more than
-    :data:`SHIFT_LIMIT` prior standard deviations from the prior mean, else None."""
+    :data:`SHIFT_LIMIT` prior standard deviations from the prior mean, else None.
+
+    References
+    ----------
+    Goldberg (1991), Section 1.2 (the module docstring: why ``2**26``).
+    """
     mean, cov = G.to_moments(prior)
     sd = np.sqrt(cov if prior.is_diag else np.diag(cov))
     far = float(np.max(np.abs(positions - mean) / sd, initial=0.0))
@@ -92,7 +97,15 @@ def position_error(field: str, positions: np.ndarray, prior: G.NaturalGaussian) 
 
 def contribution_error(arrays, prior_scale: float, num_examples: int) -> str | None:
     """Why a likelihood contribution (its natural-parameter ``arrays``) is too large for
-    ``num_examples`` data: an entry above ``GROWTH_LIMIT * num_examples * prior_scale``."""
+    ``num_examples`` data: an entry above ``GROWTH_LIMIT * num_examples * prior_scale``.
+
+    References
+    ----------
+    Broderick et al. (2013), "Streaming Variational Bayes", eq. (2), and Campbell & How (2014),
+    "Approximate Decentralized Bayesian Inference", eq. (3): a client's contribution
+    ``lambda_i - lambda_0`` sums its rows' expected sufficient statistics, so its size scales
+    with the row count; Goldberg (1991), Section 1.2 (why ``2**52``).
+    """
     limit = GROWTH_LIMIT * max(int(num_examples), 1) * prior_scale
     size = max((float(np.max(np.abs(a), initial=0.0)) for a in arrays), default=0.0)
     if not size <= limit:

@@ -20,7 +20,13 @@ MEMINFO = "/proc/meminfo"
 
 def available_bytes(meminfo: str = MEMINFO) -> int | None:
     """Memory available to a new process, in bytes: ``MemAvailable`` of ``meminfo`` (Linux
-    3.14+); without it, free physical pages (``os.sysconf``); None when neither is known."""
+    3.14+); without it, free physical pages (``os.sysconf``); None when neither is known.
+
+    References
+    ----------
+    proc(5), Linux man-pages, ``/proc/meminfo`` ("MemAvailable: an estimate of how much memory
+    is available for starting new applications, without swapping").
+    """
     try:
         with open(meminfo) as f:
             for line in f:
@@ -47,7 +53,13 @@ def format_bytes(n: float) -> str:
 def check_memory(bundle, setup, available: int | None = None) -> None:
     """Raise :class:`ConfigError` (one line) when ``bundle``'s estimate for ``setup`` (a
     :class:`~fedbayes_flwr.algorithms.base.Setup` without its prior) exceeds ``available``
-    bytes (default :func:`available_bytes`; no check when it is unknown)."""
+    bytes (default :func:`available_bytes`; no check when it is unknown).
+
+    References
+    ----------
+    proc(5), Linux man-pages (``MemAvailable``); each bundle's ``memory_estimate`` docstring
+    gives its formula.
+    """
     hook = bundle.memory_estimate
     estimate = None if hook is None else hook(setup)
     if estimate is None:
