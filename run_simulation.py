@@ -285,14 +285,21 @@ def check_output_dir(path: str) -> None:
 
 def check_inputs(config) -> None:
     """The checks that need neither TensorFlow nor Flower: the output directory and, for
-    ``data``, the file and the keys the model needs (:func:`fedbayes_flwr.data.npz.check_npz_file`);
-    raises ConfigError or DataError. The run config itself was validated by parsing it."""
-    from fedbayes_flwr.data.npz import check_npz_file
+    ``data``, the file and the keys the model needs (:func:`fedbayes_flwr.data.npz.check_npz_file`)
+    and the memory guard on its column count (read from the file's header:
+    :func:`fedbayes_flwr.runtime.experiment.check_memory_early`); raises ConfigError or DataError.
+    The run config itself was validated by parsing it."""
+    from fedbayes_flwr.data.npz import check_npz_file, npz_shape
     from fedbayes_flwr.models import model_spec
 
     check_output_dir(os.path.abspath(config.output_dir))
     if config.data:
         check_npz_file(config.data, model_spec(config.model).target)
+        shape = npz_shape(config.data, "x_train")
+        if shape is not None and len(shape) == 2:
+            from fedbayes_flwr.runtime.experiment import check_memory_early
+
+            check_memory_early(config, shape[1])  # a full covariance: refused before loading
 
 
 RAY_CONNECT_TIMEOUT_S = 5.0  # a head on the local network answers in milliseconds

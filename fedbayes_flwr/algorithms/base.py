@@ -257,6 +257,31 @@ class PriorDiagFn(Protocol):
     def __call__(self, config: Any, model: Any, /) -> bool: ...
 
 
+class MemoryEstimate(NamedTuple):
+    """What a run of a bundle will hold in memory, estimated before anything is allocated.
+
+    Attributes
+    ----------
+    nbytes : int
+        The estimate, in bytes.
+    formula : str
+        How it is counted, with the numbers put in (``(2 K + 4) d^2 x 8 bytes: K = 3, d = 200000``).
+    alternative : str
+        What to change for a smaller run (``pvi.covariance=diag``, fewer particles).
+    """
+
+    nbytes: int
+    formula: str
+    alternative: str
+
+
+class MemoryFn(Protocol):
+    """``memory_estimate(setup) -> MemoryEstimate | None``: the bundle's large arrays, from a
+    :class:`Setup` whose ``prior`` is still None (the check runs before the prior is built)."""
+
+    def __call__(self, setup: Setup, /) -> MemoryEstimate | None: ...
+
+
 def _no_check(state: Any, setup: Setup, action: str, reply: Any, /) -> tuple[str, str] | None:
     return None
 
@@ -313,6 +338,11 @@ class Bundle(NamedTuple):
         Whether the family runs the structured mean-field models (``gmm``, ``lda``,
         ``latent-feature``; :data:`fedbayes_flwr.models.STRUCTURED_MODELS`), which are not
         likelihoods over one parameter vector. Only AMPS does.
+    memory_estimate : callable or None
+        ``memory_estimate(setup) -> MemoryEstimate | None``: the memory the family's large arrays
+        (a full covariance, particles and their kernel, Hessian bounds) will take, from a
+        :class:`Setup` without its prior; the engines refuse a run whose estimate exceeds the
+        available memory before allocating (:mod:`fedbayes_flwr.runtime.memory`).
     """
 
     name: str
@@ -332,6 +362,7 @@ class Bundle(NamedTuple):
     corrupt: CorruptFn | None = None
     prior_diag: PriorDiagFn = _diag_if_mean_field
     structured_models: bool = False
+    memory_estimate: MemoryFn | None = None
 
 
 def auto_or_number(value, kind: type):

@@ -49,7 +49,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms import bounds
+from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
 from fedbayes_flwr.algorithms.particles import minibatch_grad, prior_draws, prior_score
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference.posterior import SamplePosterior
@@ -242,12 +243,16 @@ def _client_state_template(setup) -> ClientState:
 
 
 def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
-    """A positive row count; a train reply answers this round's request."""
+    """A positive row count; a train reply answers this round's request, with ``theta`` within
+    ``2**26`` prior standard deviations of the prior mean
+    (:func:`fedbayes_flwr.algorithms.bounds.position_error`)."""
     if reply.num_examples < 1:
         return "num_examples", f"must be >= 1, got {reply.num_examples}"
     if action == TRAIN and reply.request_round != state.server_round + 1:
         return "request_round", (f"answers round {reply.request_round}, expected "
                                  f"{state.server_round + 1}")
+    if action == TRAIN:
+        return bounds.position_error("theta", reply.theta, setup.prior)
     return None
 
 
@@ -262,11 +267,20 @@ def _prior_diag(config: FedAvgConfig, model) -> bool:
     return True
 
 
+def _memory_estimate(setup) -> MemoryEstimate:
+    """One parameter vector per client plus the server's and Adam's two moments:
+    ``(K + 4) d`` float64s."""
+    k, d = setup.num_clients, setup.model.param_dim(setup.num_features)
+    return MemoryEstimate((k + 4) * d * 8, f"(K + 4) d float64s, K = {k}, d = {d}",
+                          "use fewer features")
+
+
 BUNDLE = Bundle(
     name="fedavg", config_class=FedAvgConfig, init_server=_init_server, init_client=_init_client,
     requests=_requests, client_step=_client_step, server_step=_server_step,
     posterior=_posterior, actions=_actions, client_state_template=_client_state_template,
-    check=_check, corrupt=_corrupt, prior_diag=_prior_diag)
+    check=_check, corrupt=_corrupt, prior_diag=_prior_diag,
+    memory_estimate=_memory_estimate)
 
 
 def _paper(c):

@@ -67,7 +67,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms import bounds
+from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
 from fedbayes_flwr.algorithms.particles import (
     AUTO_PARTICLES,
     minibatch_grad,
@@ -279,7 +280,9 @@ def _client_state_template(setup) -> ClientState:
 
 
 def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
-    """A reply answers this round's request, and its chains lie in a bounded prior's support."""
+    """A reply answers this round's request, and its chains lie in a bounded prior's support and
+    within ``2**26`` prior standard deviations of the prior mean
+    (:func:`fedbayes_flwr.algorithms.bounds.position_error`)."""
     if reply.request_round != state.server_round + 1:
         return "request_round", (f"answers round {reply.request_round}, expected "
                                  f"{state.server_round + 1}")
@@ -287,7 +290,7 @@ def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | N
     if support is not None and (np.any(reply.chains < support[0])
                                 or np.any(reply.chains > support[1])):
         return "chains", f"outside the prior's support [{support[0]}, {support[1]}]"
-    return None
+    return bounds.position_error("chains", reply.chains, setup.prior)
 
 
 def _corrupt(kind: str, reply, request: Request):
@@ -301,11 +304,21 @@ def _prior_diag(config: SGLDConfig, model) -> bool:
     return True
 
 
+def _memory_estimate(setup) -> MemoryEstimate:
+    """The chains SGLD holds: the server's and each request's ``(C, d)`` set, and the step's
+    gradient and noise: ``(K + 4) C d`` float64s."""
+    k, c = setup.num_clients, num_chains(setup)
+    d = setup.model.param_dim(setup.num_features)
+    return MemoryEstimate((k + 4) * c * d * 8, f"(K + 4) C d float64s, K = {k}, C = {c}, d = {d}",
+                          "use fewer chains (sgld.num-chains)")
+
+
 BUNDLE = Bundle(
     name="sgld", config_class=SGLDConfig, init_server=_init_server, init_client=_init_client,
     requests=_requests, client_step=_client_step, server_step=_server_step,
     posterior=_posterior, actions=_actions, client_state_template=_client_state_template,
-    check=_check, corrupt=_corrupt, prior_diag=_prior_diag)
+    check=_check, corrupt=_corrupt, prior_diag=_prior_diag,
+    memory_estimate=_memory_estimate)
 
 
 # ---------------------------------------------------------------------------- presets

@@ -27,6 +27,27 @@ from fedbayes_flwr.data.base import (
 __all__ = ["check_npz_file", "load_npz"]
 
 
+def npz_shape(path: str, key: str) -> tuple[int, ...] | None:
+    """The shape of array ``key`` in the ``.npz`` file ``path``, read from its ``.npy`` header
+    only (no data read); None when it cannot be read (:func:`load_npz` then says why).
+
+    References
+    ----------
+    NumPy Enhancement Proposal 1, "A simple file format for NumPy arrays" (the header).
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(f"{key}.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)
+            shape = read(f)[0]
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError):
+        return None
+    return tuple(int(n) for n in shape)
+
+
 def check_npz_file(path: str, target: str) -> None:
     """Check what can be checked without reading the arrays: the file exists, is a ``.npz``
     archive whose directory can be read, and holds the keys a model needing ``target`` uses.

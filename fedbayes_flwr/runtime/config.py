@@ -35,7 +35,8 @@ __all__ = ["ConfigError", "RunConfig", "KEYS", "parse_run_config", "parse_overri
            "FAULT_KINDS"]
 
 # one-shot kinds hit one train reply (first attempt); raise-always and hang last from ROUND on
-FAULT_KINDS = ("nan", "negative-precision", "error", "drop", "garbage", "raise-always", "hang")
+FAULT_KINDS = ("nan", "negative-precision", "error", "drop", "garbage", "huge", "raise-always",
+               "hang")
 # Float keys where infinity is meaningful: "no limit" (as is 0).
 UNLIMITED_OK = ("max-seconds", "node-timeout")
 

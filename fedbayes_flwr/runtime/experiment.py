@@ -20,6 +20,7 @@ from fedbayes_flwr.data.base import as_x, as_y
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
 from fedbayes_flwr.models import Model, load_model_modules, make_model, model_spec, parse_hidden
 from fedbayes_flwr.runtime.config import RunConfig, section_items
+from fedbayes_flwr.runtime.memory import check_memory
 
 
 class Experiment(NamedTuple):
@@ -74,6 +75,20 @@ def build_experiment(config: RunConfig) -> Experiment:
     return exp
 
 
+def check_memory_early(config: RunConfig, num_features: int) -> None:
+    """The memory guard before the data are loaded (the CLI's cheap checks, no TensorFlow):
+    the bundle's estimate for ``num-clients`` partitions of ``num_features`` columns, with a
+    two-class model (a lower bound for more classes); raises ConfigError."""
+    registry.load_modules(config.algorithm_modules)
+    load_model_modules(config.model_modules)
+    bundle = registry.get(config.algorithm).bundle
+    if bundle.memory_estimate is None:
+        return
+    model = make_model(config.model, config.noise_scale, parse_hidden(config.hidden_layers), 2)
+    check_memory(bundle, Setup(model, None, config.num_clients, num_features, config.seed,
+                               config.section))
+
+
 def assemble(config: RunConfig, dataset: Dataset, partitions: tuple[np.ndarray, ...],
              classes: int) -> Experiment:
     """The model, prior and :class:`Setup` of ``config`` over loaded, partitioned data (a
@@ -85,6 +100,9 @@ def assemble(config: RunConfig, dataset: Dataset, partitions: tuple[np.ndarray, 
     if check is not None:
         check(classes)
     num_features = dataset.x_train.shape[1]
+    # the memory guard, before the prior (a full d x d covariance) or any state is allocated
+    check_memory(bundle, Setup(model, None, len(partitions), num_features, config.seed,
+                               config.section))
     diag = bundle.prior_diag(config.section, model)
     prior = model.prior(num_features, config.prior_scale, diag)
     setup = Setup(model, prior, len(partitions), num_features, config.seed, config.section)

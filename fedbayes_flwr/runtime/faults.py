@@ -6,12 +6,14 @@ every schedule: a sequential or asynchronous one does not ask every partition at
 first attempt only (a retry succeeds): ``nan`` (the reply's first float array filled with NaN:
 generic), a bundle-specific kind such as ``negative-precision`` (the bundle's ``corrupt`` hook),
 ``garbage`` (every array of the reply replaced by bytes that are not the action's record: wrong
-dtype and length), ``error`` (the client fails) or ``drop`` (the reply never arrives). Lasting
-kinds hit every request of every category (train, evaluate, query) from update ``ROUND`` on, every
-attempt: ``raise-always`` (the client raises) and ``hang`` (the client never answers: a Flower
-ClientApp sleeps :func:`hang_seconds`, past the message's time-to-live, then raises, so its process
-ends; the in-process engine records the timeout at once, without sleeping). Both engines apply the
-same rule. """
+dtype and length), ``huge`` (every float array of the reply multiplied by :data:`HUGE_FACTOR`:
+finite and well-formed, but past what one client may do, which each bundle's ``check`` bounds,
+:mod:`fedbayes_flwr.algorithms.bounds`), ``error`` (the client fails) or ``drop`` (the reply
+never arrives). Lasting kinds hit every request of every category (train, evaluate, query) from
+update ``ROUND`` on, every attempt: ``raise-always`` (the client raises) and ``hang`` (the client
+never answers: a Flower ClientApp sleeps :func:`hang_seconds`, past the message's time-to-live,
+then raises, so its process ends; the in-process engine records the timeout at once, without
+sleeping). Both engines apply the same rule. """
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ HANG_MARGIN_S = 2.0
 # the request envelope's key for the update of the partition's previous train request (Flower)
 PREVIOUS_TRAIN = "previous-train"
 GARBAGE = np.frombuffer(b"\x00garbage\xff", dtype=np.uint8)
+# the ``huge`` fault's factor: finite for any entry below 1.8e208, far past every reply bound
+HUGE_FACTOR = 1e100
 
 
 class InjectedFault(RuntimeError):
@@ -87,10 +91,24 @@ def _garbage(message):
     return message._replace(**out)
 
 
+def _huge(message):
+    """``message`` with every float array (nested too) multiplied by :data:`HUGE_FACTOR`."""
+    out = {}
+    for name, value in zip(message._fields, message, strict=True):
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            out[name] = _huge(value)
+        elif isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            with np.errstate(over="ignore", invalid="ignore"):
+                out[name] = value * HUGE_FACTOR
+    return message._replace(**out)
+
+
 def corrupt(bundle, kind: str, reply, request):
     """Turn a good reply into a bad one of ``kind`` (see the module docstring)."""
     if kind == "garbage":
         return _garbage(reply)
+    if kind == "huge":
+        return _huge(reply)
     if kind == "nan":
         bad = _nan_first_float_array(reply)
         if bad is None:

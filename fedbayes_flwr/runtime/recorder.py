@@ -16,6 +16,7 @@ import numpy as np
 
 from fedbayes_flwr.inference.posterior import TracePosterior
 from fedbayes_flwr.runtime.checkpoint import Checkpoint, save
+from fedbayes_flwr.runtime.memory import format_bytes
 
 OUTCOMES = ("running", "completed", "done", "time-limit", "stopped", "failed", "interrupted")
 # The files a run writes; a reused output directory loses these (and only these) at the start.
@@ -48,7 +49,8 @@ class Recorder:
         self.reason: str | None = None
         self.accepted = int(counters.get("accepted", 0))
         self.rejected = int(counters.get("rejected", 0))
-        self._progress = _Progress(experiment.config.num_rounds, enabled=progress)
+        self._progress = _Progress(experiment.config.num_rounds, enabled=progress,
+                                   start=start_text(experiment))
 
     def record(self, update: int, posterior, log) -> dict:
         """Evaluate ``posterior`` on the test set, append the row, rewrite the result files.
@@ -228,10 +230,24 @@ def progress_text(row: dict) -> str:
                     for k, v in shown.items())
 
 
-class _Progress:
-    """A rich progress bar on a terminal; one plain line per row otherwise (logs, CI)."""
+def start_text(exp) -> str:
+    """The progress display's first line, shown as the run starts (before the first update,
+    which may take minutes): the algorithm, clients, parameters and the memory estimate."""
+    setup = exp.setup
+    text = (f"{exp.config.algorithm}, {setup.num_clients} clients, {setup.prior.dim} "
+            f"parameters, {exp.config.num_rounds} updates")
+    hook = exp.bundle.memory_estimate
+    estimate = None if hook is None else hook(setup)
+    if estimate is not None:
+        text += f", about {format_bytes(estimate.nbytes)} of arrays"
+    return text
 
-    def __init__(self, total: int, enabled: bool):
+
+class _Progress:
+    """A rich progress bar on a terminal; one plain line per row otherwise (logs, CI). Both
+    show ``start`` at once (a first update may take minutes)."""
+
+    def __init__(self, total: int, enabled: bool, start: str = ""):
         self.enabled = enabled
         self.bar = None
         if not enabled:
@@ -243,8 +259,10 @@ class _Progress:
         if console.is_terminal:
             self.bar = Progress(TextColumn("update"), MofNCompleteColumn(), BarColumn(),
                                 TextColumn("{task.description}"), console=console)
-            self.task = self.bar.add_task("", total=total)
+            self.task = self.bar.add_task(start, total=total)
             self.bar.start()
+        elif start:
+            print(f"started: {start}", file=sys.stderr, flush=True)
 
     def update(self, update: int, row: dict) -> None:
         if not self.enabled:

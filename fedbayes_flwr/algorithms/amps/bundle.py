@@ -307,7 +307,8 @@ def _client_state_template(setup) -> ClientState:
 
 
 def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
-    """A valid likelihood contribution answering this round; non-negative moments."""
+    """A valid likelihood contribution answering this round, at most ``2**52`` times the
+    prior's scale per datum (:mod:`fedbayes_flwr.algorithms.bounds`); non-negative moments."""
     if action == MOMENTS:
         if reply.moments[0] < 1 or np.any(reply.moments < 0):
             return "moments", f"need a row count >= 1 and non-negative sums, got {reply.moments}"
@@ -317,7 +318,9 @@ def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | N
     if reply.request_round != state.server_round + 1:
         return "request_round", (f"answers round {reply.request_round}, expected "
                                  f"{state.server_round + 1}")
-    reason = merging.contribution_error(state.prior, reply.posterior)
+    reason = (merging.contribution_error(state.prior, reply.posterior)
+              or merging.contribution_size_error(state.prior, reply.posterior,
+                                                 reply.num_examples))
     return ("posterior", reason) if reason else None
 
 

@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fedbayes_flwr.algorithms import bounds
 from fedbayes_flwr.inference import expfam
 
 __all__ = ["SEARCHES", "Alignment", "align", "brute_force", "contribution_error",
@@ -261,6 +262,21 @@ def contribution_error(prior, posterior, rtol: float = 1e-9) -> str | None:
         reason = expfam.domain_error(diff, f"{name or 'posterior'} - prior", atol=rtol * scale)
         if reason:
             return reason
+    return None
+
+
+def contribution_size_error(prior, posterior, num_examples: int) -> str | None:
+    """Why ``posterior - prior`` is too large a likelihood contribution for ``num_examples``
+    data (None if it is not): an entry above ``2**52 x num_examples x`` the prior block's scale
+    (:func:`fedbayes_flwr.algorithms.bounds.contribution_error`: past it the prior is below
+    float64's resolution of the merge, which becomes whatever the one client said)."""
+    post_blocks, prior_blocks = expfam.blocks(posterior), expfam.blocks(prior)
+    for name, block in post_blocks.items():
+        diff = expfam.combine([block, prior_blocks[name]], [1.0, -1.0])
+        scale = max(1.0, max(float(np.max(np.abs(a))) for a in prior_blocks[name]))
+        reason = bounds.contribution_error(list(diff), scale, num_examples)
+        if reason:
+            return f"{name or 'posterior'} - prior: {reason}"
     return None
 
 

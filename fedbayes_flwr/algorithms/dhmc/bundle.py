@@ -67,7 +67,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo, auto_or_number
+from fedbayes_flwr.algorithms import bounds
+from fedbayes_flwr.algorithms.base import (
+    ActionSpec,
+    Bundle,
+    MemoryEstimate,
+    Rejection,
+    Request,
+    StepInfo,
+    auto_or_number,
+)
 from fedbayes_flwr.algorithms.decentralized.graphs import induced, make_graph
 from fedbayes_flwr.algorithms.decentralized.mixing import (
     metropolis_weights,
@@ -744,8 +753,14 @@ def _actions(setup) -> dict[str, ActionSpec]:
 
 
 def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
+    """This iteration's reply; the agent's iterate ``w`` within ``2**26`` prior standard
+    deviations of the prior mean (:func:`fedbayes_flwr.algorithms.bounds.position_error`);
+    acceptance probabilities in [0, 1]."""
     if reply.iteration != state.iteration:
         return "iteration", f"answers iteration {reply.iteration}, expected {state.iteration}"
+    far = bounds.position_error("w", reply.w, setup.prior)
+    if far is not None:
+        return far
     if reply.grad_evals < 0:
         return "grad_evals", f"must be >= 0, got {reply.grad_evals}"
     if np.any((reply.accept_prob < 0) | (reply.accept_prob > 1)):
@@ -766,12 +781,23 @@ def _prior_diag(config: DHMCConfig, model) -> bool:
     return True
 
 
+def _memory_estimate(setup) -> MemoryEstimate:
+    """The agents' arrays: each of the ``A`` agents keeps about ten ``(C, F)`` arrays (its
+    iterate, momentum, gradient and energy trackers, mixed proposal, in- and outbox; broadcast
+    width ``F = 2 d``), plus the server's outbox: ``(10 A + 4) 2 C d`` float64s."""
+    a, c = setup.num_clients, setup.config.num_chains
+    d = setup.model.param_dim(setup.num_features)
+    nbytes = (10 * a + 4) * 2 * c * d * 8
+    return MemoryEstimate(nbytes, f"(10 A + 4) 2 C d float64s, A = {a}, C = {c}, d = {d}",
+                          "use fewer chains (dhmc.num-chains) or agents")
+
+
 BUNDLE = Bundle(
     name="dhmc", config_class=DHMCConfig, init_server=_init_server, init_client=_init_client,
     requests=_requests, client_step=_client_step, server_step=_server_step,
     posterior=_posterior, actions=_actions, client_state_template=_client_state_template,
     check=_check, done=_done, failure_policy=_failure_policy, corrupt=_corrupt,
-    prior_diag=_prior_diag)
+    prior_diag=_prior_diag, memory_estimate=_memory_estimate)
 
 
 def _preset(**section):

@@ -84,8 +84,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr.algorithms import commit
-from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms import bounds, commit
+from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
 from fedbayes_flwr.algorithms.dsvgd.svgd import svgd
 from fedbayes_flwr.algorithms.particles import (
     AUTO_PARTICLES,
@@ -444,12 +444,13 @@ def _client_state_template(setup) -> commit.Pending:
 
 
 def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
-    """Particles must lie in a bounded prior's support."""
+    """Particles must lie in a bounded prior's support and within ``2**26`` prior standard
+    deviations of the prior mean (:func:`fedbayes_flwr.algorithms.bounds.position_error`)."""
     support = getattr(setup.model, "support", None)
     if support is not None and (np.any(reply.particles < support[0])
                                 or np.any(reply.particles > support[1])):
         return "particles", f"outside the prior's support [{support[0]}, {support[1]}]"
-    return None
+    return bounds.position_error("particles", reply.particles, setup.prior)
 
 
 def _corrupt(kind: str, reply, request: Request):
@@ -463,11 +464,24 @@ def _prior_diag(config: DSVGDConfig, model) -> bool:
     return True
 
 
+def _memory_estimate(setup) -> MemoryEstimate:
+    """The particle sets DSVGD holds: the global set, each client's local set and its factor's
+    KDE particles, and the SVGD loop's working sets (scores, direction, AdaGrad state, the
+    distillation target): ``(2 K + 6) N d`` float64s, plus ``4 N^2`` for the kernel matrices
+    (the SVGD kernel and the KDE ratios). U-DSVGD's factors grow by two sets per visit on top."""
+    k, n = setup.num_clients, num_particles(setup)
+    d = setup.model.param_dim(setup.num_features)
+    nbytes = ((2 * k + 6) * n * d + 4 * n * n) * 8
+    return MemoryEstimate(nbytes, f"(2 K + 6) N d + 4 N^2 float64s, K = {k}, N = {n}, d = {d}",
+                          "use fewer particles (dsvgd.num-particles) or fewer clients")
+
+
 BUNDLE = Bundle(
     name="dsvgd", config_class=DSVGDConfig, init_server=_init_server, init_client=_init_client,
     requests=_requests, client_step=_client_step, server_step=_server_step,
     posterior=_posterior, actions=_actions, client_state_template=_client_state_template,
-    check=_check, corrupt=_corrupt, prior_diag=_prior_diag)
+    check=_check, corrupt=_corrupt, prior_diag=_prior_diag,
+    memory_estimate=_memory_estimate)
 
 
 # ---------------------------------------------------------------------------- presets

@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
 from fedbayes_flwr.algorithms.pdmc import privacy
 from fedbayes_flwr.algorithms.pdmc import sampler as S
 from fedbayes_flwr.errors import ConfigError
@@ -160,6 +160,10 @@ class PDMCConfig:
             except (ValueError, NotImplementedError) as err:
                 raise ConfigError(f"pdmc.dp-epsilon: {err}") from None
 
+
+# a worker's velocity may be this much longer (relative) than the one sent: a reflection
+# v - 2 (v.g) g / |g|^2 keeps |v| up to a few ulps
+SPEED_RTOL = 1e-9
 
 class ServerState(NamedTuple):
     """Chains, counters, samples and skeleton (module docstring)."""
@@ -403,7 +407,8 @@ def _client_state_template(setup) -> ClientState:
 
 
 def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
-    """Event times ``> 0`` (``+inf`` allowed), velocities of the sampler's kind, this exchange."""
+    """Event times ``> 0`` (``+inf`` allowed), velocities of the sampler's kind and of the speed
+    sent (a reflection keeps it), this exchange."""
     if reply.number != state.exchanges + 1:
         return "number", f"answers exchange {reply.number}, expected {state.exchanges + 1}"
     if np.any(reply.tau <= 0):
@@ -412,6 +417,12 @@ def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | N
         return "grad_evals", f"must be >= 0, got {reply.grad_evals}"
     if setup.config.sampler == "zigzag" and not np.all(np.abs(reply.velocity) == 1.0):
         return "velocity", "Zig-Zag velocities must be +-1"
+    # a worker's event reflects (BPS) or flips (Zig-Zag) v: the speed is kept, to rounding
+    speed, sent = np.linalg.norm(reply.velocity, axis=-1), np.linalg.norm(state.v, axis=-1)
+    if speed.shape == sent.shape and np.any(speed > sent * (1.0 + SPEED_RTOL)):
+        return "velocity", (f"speed {float(np.max(speed / sent)):.3g} times the one sent (limit "
+                            f"1 + {SPEED_RTOL:g}: an event reflects or flips the velocity, "
+                            f"keeping its length)")
     return None
 
 
@@ -424,12 +435,24 @@ def _prior_diag(config: PDMCConfig, model) -> bool:
     return True
 
 
+def _memory_estimate(setup) -> MemoryEstimate:
+    """The rate bounds PDMC's workers hold: each worker's and the prior's potential keeps a
+    ``d x d`` Hessian bound and its absolute value, ``2 (K + 1) d^2`` float64s, plus ``8 C d``
+    for the chains' positions, velocities and proposals (the stored samples grow on top)."""
+    k, c = setup.num_clients, setup.config.num_chains
+    d = setup.model.param_dim(setup.num_features)
+    nbytes = (2 * (k + 1) * d * d + 8 * c * d) * 8
+    return MemoryEstimate(nbytes, f"2 (K + 1) d^2 + 8 C d float64s, K = {k}, C = {c}, d = {d}",
+                          "use fewer features, or a family without d x d rate bounds "
+                          "(pvi with pvi.covariance=diag, dsvgd, sgld)")
+
+
 BUNDLE = Bundle(
     name="pdmc", config_class=PDMCConfig, init_server=_init_server, init_client=_init_client,
     requests=_requests, client_step=_client_step, server_step=_server_step,
     posterior=_posterior, actions=_actions, client_state_template=_client_state_template,
     check=_check, done=_done, failure_policy="retry-stop", corrupt=_corrupt,
-    prior_diag=_prior_diag)
+    prior_diag=_prior_diag, memory_estimate=_memory_estimate)
 
 
 def _preset(sampler: str):

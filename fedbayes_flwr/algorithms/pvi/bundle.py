@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
 from fedbayes_flwr.algorithms.pvi.client import (
     candidate_terms,
     client_step,
@@ -243,11 +243,31 @@ def _prior_diag(config: PVIConfig, model) -> bool:
     return config.covariance == "diag" or (config.covariance == "auto" and model.mean_field_only)
 
 
+def _memory_estimate(setup) -> MemoryEstimate:
+    """The Gaussians PVI holds: prior, posterior, every client's factor and pending delta (the
+    server-held ones and the clients' own), the local solver's working copies (Cholesky factor,
+    covariance, gradient, candidate), and with Anderson acceleration ``2 m`` factors per client:
+    ``(3 K + 6 + 2 m K)`` copies of ``d^2`` (full covariance) or ``d`` (diagonal) float64s."""
+    config, k = setup.config, setup.num_clients
+    d = setup.model.param_dim(setup.num_features)
+    diag = _prior_diag(config, setup.model)
+    m = config.anderson_memory if config.acceleration == "anderson" else 0
+    copies = 3 * k + 6 + 2 * m * k
+    size = d if diag else d * d
+    layout = "d" if diag else "d^2"
+    formula = (f"{'diagonal' if diag else 'full'} covariance: (3 K + 6{' + 2 m K' if m else ''}) "
+               f"x {layout} x 8 bytes, K = {k}, d = {d}{f', m = {m}' if m else ''}")
+    alternative = ("use fewer clients or features" if diag else
+                   f"use pvi.covariance=diag (about {copies * d * 8 / 2**20:.3g} MiB)")
+    return MemoryEstimate(copies * size * 8, formula, alternative)
+
+
 BUNDLE = Bundle(
     name="pvi", config_class=PVIConfig, init_server=_init_server, init_client=_init_client,
     requests=_requests, client_step=_client_step, server_step=_server_step,
     posterior=_posterior, actions=_actions, client_state_template=_client_state_template,
-    check=_check, mode=_mode, corrupt=_corrupt, prior_diag=_prior_diag)
+    check=_check, mode=_mode, corrupt=_corrupt, prior_diag=_prior_diag,
+    memory_estimate=_memory_estimate)
 
 
 def registrations():

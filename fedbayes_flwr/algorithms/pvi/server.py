@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedbayes_flwr.algorithms import commit
+from fedbayes_flwr.algorithms import bounds, commit
 from fedbayes_flwr.algorithms.base import Rejection, StepInfo
 from fedbayes_flwr.algorithms.commit import NO_ROUND
 from fedbayes_flwr.algorithms.pvi import step as S
@@ -329,7 +329,10 @@ def collect_deltas(state: ServerState, replies, config: PVIConfig):
 
 
 def check_delta(posterior: NaturalGaussian, delta: NaturalGaussian) -> tuple[str, str] | None:
-    """Return ``(field, reason)`` if ``delta`` cannot be applied to ``posterior``, else ``None``."""
+    """Return ``(field, reason)`` if ``delta`` cannot be applied to ``posterior``, else ``None``:
+    the updated posterior must be proper and within one update's bound of ``posterior`` (its
+    precision grown at most ``2**52``-fold, its mean moved at most ``2**26`` standard
+    deviations: :func:`fedbayes_flwr.algorithms.bounds.gaussian_step_error`)."""
     for field, got, want in (("delta.eta1", delta.eta1, posterior.eta1),
                              ("delta.eta2", delta.eta2, posterior.eta2)):
         if got.shape != want.shape:
@@ -338,9 +341,10 @@ def check_delta(posterior: NaturalGaussian, delta: NaturalGaussian) -> tuple[str
             return field, f"dtype {got.dtype}, expected float64"
         if not np.all(np.isfinite(got)):
             return field, "non-finite values"
-    if not G.is_proper(G.add(posterior, delta)):
+    updated = G.add(posterior, delta)
+    if not G.is_proper(updated):
         return "delta.eta2", "update makes the posterior precision non-positive-definite"
-    return None
+    return bounds.gaussian_step_error(posterior, updated)
 
 
 def server_step(state: ServerState, replies: list[tuple[int, ClientMessage | Rejection]],
