@@ -107,6 +107,7 @@ class AgentState(NamedTuple):
     p_half: np.ndarray
     c: np.ndarray
     grad_z: np.ndarray
+    lin: np.ndarray
 
 
 def init_agent(potential, w0: np.ndarray) -> AgentState:
@@ -115,7 +116,7 @@ def init_agent(potential, w0: np.ndarray) -> AgentState:
     k, d = w0.shape
     zeros = np.zeros(k)
     return AgentState(w0.copy(), g.copy(), g, zeros, zeros.copy(), np.zeros((k, d)),
-                      np.zeros((k, d)), zeros.copy(), np.zeros((k, d)))
+                      np.zeros((k, d)), zeros.copy(), np.zeros((k, d)), zeros.copy())
 
 
 def begin(state: AgentState, potential, p: np.ndarray, epsilon, num_agents: int,
@@ -133,8 +134,18 @@ def begin(state: AgentState, potential, p: np.ndarray, epsilon, num_agents: int,
         c = potential.value(z) - potential.value(state.w)
     else:
         c = np.sum(state.g_last * delta, axis=-1) + 0.5 * potential.hess_quad(state.w, delta)
+    c, lin = _split_energy(state, c, delta, num_agents)
     a = state.aleph + c - state.c_last
-    return state._replace(p=p, p_half=p_half, c=c), z, a
+    return state._replace(p=p, p_half=p_half, c=c, lin=lin), z, a
+
+
+def _split_energy(state: AgentState, c, displacement, num_agents: int):
+    """``(r, lin)``: the local energy change's remainder past first order,
+    ``r = c - g_last . D``, which the energy tracker carries, and this agent's estimate of the
+    network's first-order term ``sum_j g_last_j . D_j`` from its gradient tracker,
+    ``lin = m y . D`` (``D`` the displacement; module docstring, "Energy tracking")."""
+    r = c - np.sum(state.g_last * displacement, axis=-1)
+    return r, num_agents * np.sum(state.y * displacement, axis=-1)
 
 
 def track(state: AgentState, potential, z_mixed: np.ndarray, y=None, g_last=None):
@@ -159,8 +170,11 @@ def advance(state: AgentState, potential, z_mixed: np.ndarray, y_mixed: np.ndarr
     eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
     p_half = state.p_half - eps * num_agents * y_mixed
     z = z_mixed + eps * p_half
-    c = potential.value(z) - potential.value(state.w) if last else state.c
-    return state._replace(p_half=p_half, c=c), z
+    if not last:
+        return state._replace(p_half=p_half), z
+    c, lin = _split_energy(state, potential.value(z) - potential.value(state.w), z - state.w,
+                           num_agents)
+    return state._replace(p_half=p_half, c=c, lin=lin), z
 
 
 class Outcome(NamedTuple):
@@ -175,39 +189,41 @@ def decide(state: AgentState, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
            num_agents: int, integrator: str = "leapfrog", metropolis: bool = True) -> Outcome:
     """Phase 3a: this agent's energy change, acceptance probability and decision."""
     eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
-    if integrator == "euler":
-        p_new = state.p_half
+    if integrator == "euler":  # the reverse momentum of the involution (module docstring)
+        p_new = state.p_half - eps * num_agents * y_mixed
     else:
         p_new = state.p_half - 0.5 * eps * num_agents * y_mixed
     kinetic = 0.5 * np.sum(p_new**2, axis=-1) - 0.5 * np.sum(state.p**2, axis=-1)
-    delta_h = num_agents * aleph_mixed + kinetic
+    delta_h = num_agents * aleph_mixed + state.lin + kinetic
     with np.errstate(over="ignore", invalid="ignore"):
         prob = np.where(np.isfinite(delta_h), np.minimum(1.0, np.exp(-delta_h)), 0.0)
     accepted = (log_u < -delta_h) if metropolis else np.ones_like(delta_h, dtype=bool)
     return Outcome(delta_h, prob, accepted)
 
 
-def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, accepted) -> AgentState:
+def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, accepted) -> AgentState:
     """Phase 3b: move to the proposal where ``accepted``; keep the iterate otherwise.
 
-    ``y_mixed = W^s (y + grad U_i(z') - g_last)`` is the tracker after a move and
-    ``y_kept = W^s y`` after a rejection: the tracker is mixed either way, so
-    ``mean_i y_i = mean_i g_last_i`` holds whatever is decided (keeping the unmixed ``y`` on a
-    rejection would leave each agent with its own local gradient for as long as proposals are
-    rejected)."""
+    ``y_mixed = W^s (y + grad U_i(z') - g_last)`` is the tracker of the proposal. After a move
+    the agent takes it (``g_last = grad U_i(z')``); after a rejection it takes
+    ``y_mixed - grad U_i(z') + g_last``: its own increment taken back out, which its
+    neighbours' mixed-in shares of it then balance in the network sum. Either way
+    ``sum_i y_i = sum_i grad U_i(w_i)`` exactly, for ANY pattern of local decisions (agreed or
+    not), with no exchange beyond the tracking phase (tested: the invariant to rounding; the
+    former rule ``y = W^s y`` on a rejection broke it whenever agents disagreed)."""
     keep = np.asarray(accepted)[..., None]
     return state._replace(w=np.where(keep, z_mixed, state.w),
-                          y=np.where(keep, y_mixed, y_kept),
+                          y=np.where(keep, y_mixed, y_mixed - state.grad_z + state.g_last),
                           g_last=np.where(keep, state.grad_z, state.g_last),
                           aleph=aleph_mixed, c_last=state.c)
 
 
-def finish(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, log_u: np.ndarray, epsilon,
+def finish(state: AgentState, z_mixed, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
            num_agents: int, integrator: str = "leapfrog", metropolis: bool = True):
     """Phase 3 with this agent's own decision: ``(state, outcome)``."""
     out = decide(state, aleph_mixed, y_mixed, log_u, epsilon, num_agents, integrator,
                  metropolis)
-    return apply(state, z_mixed, aleph_mixed, y_mixed, y_kept, out.accepted), out
+    return apply(state, z_mixed, aleph_mixed, y_mixed, out.accepted), out
 
 
 def shared_draws(rng: np.random.Generator, k: int, d: int) -> tuple[np.ndarray, np.ndarray]:
