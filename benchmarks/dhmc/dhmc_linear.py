@@ -212,11 +212,12 @@ def tracker_drift(pots, mixing, w0, epsilon, iterations, rounds, decision, seed)
         tracked = [dhmc.track(b[0], pot, z[i])
                    for i, (b, pot) in enumerate(zip(begun, pots, strict=True))]
         y = np.tensordot(mix, np.stack([t[1] for t in tracked]), axes=1)
+        y_kept = np.tensordot(mix, np.stack([t[0].y for t in tracked]), axes=1)
         outs = [dhmc.decide(t[0], a[i], y[i], log_u, epsilon, m) for i, t in enumerate(tracked)]
         decided = np.stack([o.accepted for o in outs])
         final = decided if decision == "local" else np.broadcast_to(decided.all(axis=0),
                                                                     decided.shape)
-        states = [dhmc.apply(t[0], z[i], a[i], y[i], final[i])
+        states = [dhmc.apply(t[0], z[i], a[i], y[i], y_kept[i], final[i])
                   for i, t in enumerate(tracked)]
         gap = m * (np.mean([st.y for st in states], axis=0)
                    - np.mean([st.g_last for st in states], axis=0))

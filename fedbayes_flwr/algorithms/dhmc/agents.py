@@ -108,6 +108,7 @@ class AgentState(NamedTuple):
     c: np.ndarray
     grad_z: np.ndarray
     lin: np.ndarray
+    e: np.ndarray
 
 
 def init_agent(potential, w0: np.ndarray) -> AgentState:
@@ -116,7 +117,7 @@ def init_agent(potential, w0: np.ndarray) -> AgentState:
     k, d = w0.shape
     zeros = np.zeros(k)
     return AgentState(w0.copy(), g.copy(), g, zeros, zeros.copy(), np.zeros((k, d)),
-                      np.zeros((k, d)), zeros.copy(), np.zeros((k, d)), zeros.copy())
+                      np.zeros((k, d)), zeros.copy(), np.zeros((k, d)), zeros.copy(), np.zeros((k, d)))
 
 
 def begin(state: AgentState, potential, p: np.ndarray, epsilon, num_agents: int,
@@ -154,7 +155,7 @@ def track(state: AgentState, potential, z_mixed: np.ndarray, y=None, g_last=None
     multi-step trajectory, the tracker and local gradient of the previous position). Returns
     ``(state, b)`` (``b`` to broadcast and mix)."""
     grad_z = potential.grad(z_mixed)
-    y = state.y if y is None else y
+    y = state.y + state.e if y is None else y
     g_last = state.g_last if g_last is None else g_last
     return state._replace(grad_z=grad_z), y + grad_z - g_last
 
@@ -201,29 +202,35 @@ def decide(state: AgentState, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
     return Outcome(delta_h, prob, accepted)
 
 
-def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, accepted) -> AgentState:
+def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, accepted) -> AgentState:
     """Phase 3b: move to the proposal where ``accepted``; keep the iterate otherwise.
 
-    ``y_mixed = W^s (y + grad U_i(z') - g_last)`` is the tracker of the proposal. After a move
-    the agent takes it (``g_last = grad U_i(z')``); after a rejection it takes
-    ``y_mixed - grad U_i(z') + g_last``: its own increment taken back out, which its
-    neighbours' mixed-in shares of it then balance in the network sum. Either way
-    ``sum_i y_i = sum_i grad U_i(w_i)`` exactly, for ANY pattern of local decisions (agreed or
-    not), with no exchange beyond the tracking phase (tested: the invariant to rounding; the
-    former rule ``y = W^s y`` on a rejection broke it whenever agents disagreed)."""
+    ``y_mixed = W^s (y + e + grad U_i(z') - g_last)`` is the tracker of the proposal and
+    ``y_kept = W^s y`` the tracker mixed at the kept positions. After a move the agent takes
+    ``y = y_mixed``, ``e = 0``, ``g_last = grad U_i(z')``. After a rejection it takes
+    ``y = y_kept`` (a tracker of the position it stays at) and books what its own increment
+    left in the network sum as the pending correction ``e = y_mixed - (grad U_i(z') - g_last)
+    - y_kept``, which enters its next broadcast ``b`` (mixed before anyone uses it). So
+    ``sum_i (y_i + e_i) = sum_i grad U_i(w_i)`` exactly after every iteration, for ANY pattern
+    of decisions (agreed: the ``e_i`` sum to zero; local: they carry the increments the
+    rejecting agents' neighbours had already mixed in), with no exchange beyond the tracking
+    phase (tested to rounding; the former rule, ``y = W^s y`` and no correction, broke it
+    whenever agents disagreed)."""
     keep = np.asarray(accepted)[..., None]
+    pending = y_mixed - (state.grad_z - state.g_last) - y_kept
     return state._replace(w=np.where(keep, z_mixed, state.w),
-                          y=np.where(keep, y_mixed, y_mixed - state.grad_z + state.g_last),
+                          y=np.where(keep, y_mixed, y_kept),
+                          e=np.where(keep, 0.0, pending),
                           g_last=np.where(keep, state.grad_z, state.g_last),
                           aleph=aleph_mixed, c_last=state.c)
 
 
-def finish(state: AgentState, z_mixed, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
+def finish(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, log_u: np.ndarray, epsilon,
            num_agents: int, integrator: str = "leapfrog", metropolis: bool = True):
     """Phase 3 with this agent's own decision: ``(state, outcome)``."""
     out = decide(state, aleph_mixed, y_mixed, log_u, epsilon, num_agents, integrator,
                  metropolis)
-    return apply(state, z_mixed, aleph_mixed, y_mixed, out.accepted), out
+    return apply(state, z_mixed, aleph_mixed, y_mixed, y_kept, out.accepted), out
 
 
 def shared_draws(rng: np.random.Generator, k: int, d: int) -> tuple[np.ndarray, np.ndarray]:

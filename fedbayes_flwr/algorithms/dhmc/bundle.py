@@ -319,6 +319,7 @@ class AgentState(NamedTuple):
     z_mixed: np.ndarray
     aleph_mixed: np.ndarray
     y_mixed: np.ndarray
+    y_kept: np.ndarray
     decided: np.ndarray
     epsilon: np.ndarray
 
@@ -360,9 +361,9 @@ class Up(NamedTuple):
 # ---------------------------------------------------------------------------- helpers
 def _dims(setup) -> tuple[int, int, int]:
     """``(K, d, F)``: chains, parameters, broadcast width (``[z, a]``: ``d + 1`` values;
-    ``b``: ``d``)."""
+    ``[b, y]``: ``2 d``)."""
     d = setup.prior.dim
-    return setup.config.num_chains, d, d + 1
+    return setup.config.num_chains, d, 2 * d + 1
 
 
 def local_potential(setup, data, agents: int | None = None):
@@ -415,12 +416,14 @@ def _begin(st: AgentState, pot, setup, iteration: int, epsilon: float,
     agent, z, a = H.begin(st.agent, pot, p, epsilon, agents, c.integrator, c.energy)
     if c.leapfrog_steps > 1:  # the energy change enters with the trajectory's last position
         a = agent.aleph
-    return st._replace(agent=agent, own=np.concatenate([z, a[:, None]], axis=1),
+    return st._replace(agent=agent, own=_pad(np.concatenate([z, a[:, None]], axis=1),
+                                             2 * z.shape[1] + 1),
                        epsilon=np.array([epsilon]))
 
 
 def _apply_and_begin(st: AgentState, pot, setup, msg: Down) -> AgentState:
-    agent = H.apply(st.agent, st.z_mixed, st.aleph_mixed, st.y_mixed, st.decided > 0.5)
+    agent = H.apply(st.agent, st.z_mixed, st.aleph_mixed, st.y_mixed, st.y_kept,
+                    st.decided > 0.5)
     return _begin(st._replace(agent=agent), pot, setup, msg.iteration + 1, msg.epsilon,
                   msg.agents)
 
@@ -438,8 +441,8 @@ def _init_server(setup) -> ServerState:
 def _client_state_template(setup) -> AgentState:
     k, d, f = _dims(setup)
     zk, zkd = np.zeros(k), np.zeros((k, d))
-    agent = H.AgentState(zkd, zkd, zkd, zk, zk, zkd, zkd, zk, zkd, zk)
-    return AgentState(agent, np.zeros((k, f)), zkd, zk, zkd, zk, np.zeros(1))
+    agent = H.AgentState(zkd, zkd, zkd, zk, zk, zkd, zkd, zk, zkd, zk, zkd)
+    return AgentState(agent, np.zeros((k, f)), zkd, zk, zkd, zkd, zk, np.zeros(1))
 
 
 def _init_client(setup, partition_id: int) -> AgentState:
@@ -501,28 +504,31 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
             z, a = st.own[:, :d], st.own[:, d]
             if msg.leap == 1:
                 agent, b = H.track(st.agent, pot, z)
+                kept = agent.y
             else:  # along the trajectory: the previous position's tracker and local gradient
                 agent, b = H.track(st.agent, pot, z, st.y_mixed, st.agent.grad_z)
-            st = st._replace(agent=agent, z_mixed=z, aleph_mixed=a, own=_pad(b, f))
+                kept = st.y_kept
+            st = st._replace(agent=agent, z_mixed=z, aleph_mixed=a,
+                             own=np.concatenate([b, kept, np.zeros((k, 1))], axis=1))
             evals = 1
     elif msg.phase == MIX_B:
         st = st._replace(own=_mix(st.own, msg))
         if msg.round == msg.rounds and msg.leap < c.leapfrog_steps:  # the next position
-            y = st.own[:, :d]
+            y, y_kept = st.own[:, :d], st.own[:, d:2 * d]
             last = msg.leap + 1 == c.leapfrog_steps
             agent, z = H.advance(st.agent, pot, st.z_mixed, y, float(st.epsilon[0]), msg.agents,
                                  last)
             a = st.aleph_mixed + (agent.c - agent.c_last if last else 0.0)
-            st = st._replace(agent=agent, y_mixed=y,
-                             own=np.concatenate([z, a[:, None]], axis=1))
+            st = st._replace(agent=agent, y_mixed=y, y_kept=y_kept,
+                             own=np.concatenate([z, a[:, None], np.zeros((k, d))], axis=1))
             evals = 0
         elif msg.round == msg.rounds:  # y' final: this agent's Metropolis decision
-            y = st.own[:, :d]
+            y, y_kept = st.own[:, :d], st.own[:, d:2 * d]
             _, log_u = shared(setup, msg.iteration)
             out = H.decide(st.agent, st.aleph_mixed, y, log_u, float(st.epsilon[0]),
                            msg.agents, c.integrator, bool(msg.metropolis))
             prob, decided = out.accept_prob, out.accepted.astype(np.float64)
-            st = st._replace(y_mixed=y, decided=decided, own=_pad(decided, f))
+            st = st._replace(y_mixed=y, y_kept=y_kept, decided=decided, own=_pad(decided, f))
             if not msg.flood:
                 st = _apply_and_begin(st, pot, setup, msg)
                 evals = c.energy == "exact"

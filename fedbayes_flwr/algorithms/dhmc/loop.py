@@ -72,13 +72,14 @@ def simulate(potentials: list, mixing: np.ndarray, w0: np.ndarray, epsilon: floa
         tracked = [dhmc.track(b[0], pot, z[i])
                    for i, (b, pot) in enumerate(zip(begun, potentials, strict=True))]
         y = np.tensordot(mix, np.stack([t[1] for t in tracked]), axes=1)
+        y_kept = np.tensordot(mix, np.stack([t[0].y for t in tracked]), axes=1)
         outs = [dhmc.decide(t[0], a[i], y[i], log_u, eps, m, integrator,
                             metropolis=warmup_metropolis or not warm)
                 for i, t in enumerate(tracked)]
         decided = np.stack([o.accepted for o in outs])  # (m, K)
         final = decided if decision == "local" else np.broadcast_to(decided.all(axis=0),
                                                                     decided.shape)
-        states = [dhmc.apply(t[0], z[i], a[i], y[i], final[i])
+        states = [dhmc.apply(t[0], z[i], a[i], y[i], y_kept[i], final[i])
                   for i, t in enumerate(tracked)]
         evals += 1 + (energy == "exact")
         probs = np.stack([o.accept_prob for o in outs])  # (m, K)
