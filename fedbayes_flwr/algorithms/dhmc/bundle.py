@@ -389,9 +389,19 @@ def initial_position(setup) -> np.ndarray:
 
 
 def shared(setup, iteration: int):
-    """The iteration's momentum and ``log u``, identical at every agent."""
-    rng = numpy_rng(derive_seed(setup.run_seed, "dhmc.momentum", iteration, -1))
-    return H.shared_draws(rng, setup.config.num_chains, setup.prior.dim)
+    """The iteration's momentum and ``log u``, identical at every agent (read-only arrays,
+    drawn once per process and iteration: every agent of an in-process run, and each agent's
+    two uses, share them)."""
+    return _shared(setup.run_seed, iteration, setup.config.num_chains, setup.prior.dim)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared(run_seed: int, iteration: int, chains: int, dim: int):
+    rng = numpy_rng(derive_seed(run_seed, "dhmc.momentum", iteration, -1))
+    p, log_u = H.shared_draws(rng, chains, dim)
+    p.setflags(write=False)
+    log_u.setflags(write=False)
+    return p, log_u
 
 
 def _mix(own: np.ndarray, msg: Down) -> np.ndarray:
