@@ -64,13 +64,13 @@ def _iterate(problem, mixing, iterations, eps, integrator, energy, decision, ste
         for leap in range(1, steps + 1):
             tracked = [H.track(s, pot, z[i], None if y_prev is None else y_prev[i],
                                None if g_prev is None else g_prev[i])
-                       for i, (s, pot) in enumerate(zip(states, pots))]
+                       for i, (s, pot) in enumerate(zip(states, pots, strict=True))]
             states = [t[0] for t in tracked]
             y_mix = np.einsum("ij,jkd->ikd", mixing, np.stack([t[1] for t in tracked]))
             if leap < steps:
                 last = leap + 1 == steps
                 adv = [H.advance(s, pot, z[i], y_mix[i], eps, m, last)
-                       for i, (s, pot) in enumerate(zip(states, pots))]
+                       for i, (s, pot) in enumerate(zip(states, pots, strict=True))]
                 states = [q[0] for q in adv]
                 extra = np.stack([s.c - s.c_last if last else np.zeros(k) for s in states])
                 a = mixing @ (a + extra)
@@ -103,9 +103,9 @@ INTEGRATORS = [("euler", "taylor", 1), ("euler", "exact", 1), ("leapfrog", "tayl
 def test_tracker_describes_the_current_positions_after_any_decision(integrator, energy, steps,
                                                                     decision):
     """One mixing round on a ring of 5, a step that rejects often: after every iteration
-    ``sum_i (y_i + e_i) = sum_i grad U_i(w_i)`` (tracker plus pending correction) to rounding (1e-12 relative: a few hundred additions of
-    doubles); the run must have rejected (and, with local decisions, disagreed) for the check
-    to mean anything."""
+    ``sum_i (y_i + e_i) = sum_i grad U_i(w_i)`` (tracker plus pending correction) to rounding
+    (1e-12 relative: a few hundred additions of doubles); the run must have rejected (and,
+    with local decisions, disagreed) for the check to mean anything."""
     problem = _sorted_split()
     mixing = mixmat.metropolis_weights(gossip.ring(5))
     worst, rejected, disagreed = _iterate(problem, mixing, 40, 0.04, integrator, energy, decision,
@@ -117,8 +117,8 @@ def test_tracker_describes_the_current_positions_after_any_decision(integrator, 
 
 @pytest.mark.parametrize("integrator,energy,steps", INTEGRATORS)
 def test_former_tracking_breaks_the_invariant_when_agents_disagree(integrator, energy, steps):
-    """The mutant: the rule before issue 27 (a rejecting agent takes ``(W y)_i``, dropping the
-    increment its neighbours already mixed in) leaves the tracked sum off by more than 1% of
+    """The mutant: the rule before issue 27 (a rejecting agent takes ``(W y)_i`` and books no
+    correction, dropping the increment its neighbours already mixed in) leaves the tracked sum off by more than 1% of
     the largest local gradient with local decisions: the check above detects it."""
     problem = _sorted_split()
     mixing = mixmat.metropolis_weights(gossip.ring(5))

@@ -12,14 +12,21 @@ shared step size. All the maths is in :mod:`fedbayes_flwr.algorithms.dhmc.agents
 * ``s`` exchanges mixing ``[z, a]`` (proposal and energy tracker): each agent replies
   ``W_ii own + sum_j W_ij inbox_j``; after the last it takes the gradient at its mixed proposal
   and broadcasts the tracker increment ``b``;
-* ``s`` exchanges mixing ``b`` (gradient tracking); after the last each agent computes its
-  energy change and its own Metropolis decision;
+* ``s`` exchanges mixing ``[b, y]`` (gradient tracking: the proposal's tracker and the kept
+  positions' one); after the last each agent computes its energy change and its own
+  Metropolis decision;
 * ``dhmc.decision = agree`` (default): ``D`` flooding exchanges in which each agent replies the
   AND of its and its neighbours' accept bits, so after ``D`` every agent holds the network AND
   and all take the same decision (a proposal is accepted when every agent's test accepts it);
   ``local`` (the paper): each agent applies its own decision at once (no extra exchange);
-  disagreements are counted. Measured: with ``local`` one disagreement breaks the trackers'
-  invariant and consensus (docs/families/dhmc.md), which is why ``agree`` is the default.
+  disagreements are counted.
+
+So ``2 s L + D`` exchanges per iteration (``2 s L`` with ``local``). A rejection costs no
+exchange: the rejecting agent keeps the mixed tracker of its position and books its
+increment's remainder as a pending correction carried by its next ``b``
+(:func:`fedbayes_flwr.algorithms.dhmc.agents.apply`), so the trackers describe the current
+positions after any pattern of decisions (issue 27; recomputing them instead would cost ``s``
+more exchanges per iteration).
 
 With ``dhmc.leapfrog-steps = L > 1`` the two mixing phases repeat at each of the trajectory's
 ``L`` positions (:func:`fedbayes_flwr.algorithms.dhmc.agents.advance` between them) before the decision.
