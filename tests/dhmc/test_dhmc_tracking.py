@@ -52,7 +52,8 @@ def _iterate(problem, mixing, iterations, eps, integrator, energy, decision, ste
     for it in range(iterations):
         p, log_u = H.shared_draws(np.random.default_rng([1, it]), k, d)
         y_old = np.stack([s.y for s in states])
-        begun = [H.begin(s, pot, p, eps, m, integrator, energy) for s, pot in zip(states, pots)]
+        begun = [H.begin(s, pot, p, eps, m, integrator, energy)
+                 for s, pot in zip(states, pots, strict=True)]
         states = [b[0] for b in begun]
         z = mixing @ np.stack([b[1] for b in begun]).reshape(m, -1)
         if steps > 1:  # the energy enters with the trajectory's last position (the bundle's)
@@ -118,8 +119,9 @@ def test_tracker_describes_the_current_positions_after_any_decision(integrator, 
 @pytest.mark.parametrize("integrator,energy,steps", INTEGRATORS)
 def test_former_tracking_breaks_the_invariant_when_agents_disagree(integrator, energy, steps):
     """The mutant: the rule before issue 27 (a rejecting agent takes ``(W y)_i`` and books no
-    correction, dropping the increment its neighbours already mixed in) leaves the tracked sum off by more than 1% of
-    the largest local gradient with local decisions: the check above detects it."""
+    correction, dropping the increment its neighbours already mixed in) leaves the tracked sum
+    off by more than 1% of the largest local gradient with local decisions: the check above
+    detects it."""
     problem = _sorted_split()
     mixing = mixmat.metropolis_weights(gossip.ring(5))
     worst, _, disagreed = _iterate(problem, mixing, 40, 0.04, integrator, energy, "local", steps,
