@@ -256,24 +256,28 @@ def test_pdmc_events_through_the_simulation_engine_equal_in_process(tmp_path):
 
 
 def test_dhmc_gossip_through_the_simulation_engine_equals_in_process(tmp_path):
-    """Decentralized HMC through the Simulation Engine: every exchange routes only neighbours'
-    broadcasts (ring of 4, two mixing rounds, flooded decisions); every agent's iterates equal
-    the in-process run's."""
-    argv = ["--algorithm", "dhmc", "--model", "logistic-regression", "--dataset", "synthetic",
+    """Decentralized MALA (``dmala``: local decisions) through the Simulation Engine at the
+    paper's budget, one mixing round per phase on a ring of 4: every exchange routes only
+    neighbours' broadcasts, the agents disagree on some decisions (so the rejection's tracker
+    correction travels through Flower's messages), and every agent's iterates equal the
+    in-process run's."""
+    argv = ["--algorithm", "dmala", "--model", "logistic-regression", "--dataset", "synthetic",
             "--num-clients", "4", "--partition", "iid", "--seed", "1"]
     rc = ("synthetic-dim=2 synthetic-size=120 dhmc.num-chains=3 dhmc.warmup=2 "
-          "dhmc.iterations=4 dhmc.mixing-rounds=2 eval-every=3")
+          "dhmc.iterations=6 dhmc.mixing-rounds=1 dhmc.step-size=0.3 eval-every=4")
     flower, flower_post = _simulate(tmp_path / "flower", argv, rc)
     local = run_in_process(parse_run_config({
-        "algorithm": "dhmc", "model": "logistic-regression", "dataset": "synthetic",
+        "algorithm": "dmala", "model": "logistic-regression", "dataset": "synthetic",
         "num-clients": 4, "partition": "iid", "seed": 1, "synthetic-dim": 2,
-        "synthetic-size": 120, "dhmc.num-chains": 3, "dhmc.warmup": 2, "dhmc.iterations": 4,
-        "dhmc.mixing-rounds": 2, "eval-every": 3, "output-dir": str(tmp_path / "local")}),
-        progress=False)
+        "synthetic-size": 120, "dhmc.num-chains": 3, "dhmc.warmup": 2, "dhmc.iterations": 6,
+        "dhmc.mixing-rounds": 1, "dhmc.step-size": 0.3, "eval-every": 4,
+        "output-dir": str(tmp_path / "local")}), progress=False)
+    assert local["history"][-1]["disagreement_rate"] > 0  # the correction path is exercised
     local_post = np.load(tmp_path / "local" / "posterior.npz")
     np.testing.assert_allclose(flower_post["agent_samples"], local_post["agent_samples"],
                                rtol=0, atol=1e-9)
     assert flower["outcome"] == local["outcome"] == "completed"  # warm-up + iterations
-    keys = ("round", "iterations", "exchanges", "acceptance_rate", "step_size")
+    keys = ("round", "iterations", "exchanges", "acceptance_rate", "step_size",
+            "disagreement_rate")
     assert [{k: h.get(k) for k in keys} for h in flower["history"]] == \
         [{k: h.get(k) for k in keys} for h in local["history"]]

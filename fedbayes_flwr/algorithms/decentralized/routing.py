@@ -48,14 +48,15 @@ def padded_inboxes(outbox: np.ndarray, neighbours: Mapping[int, Sequence[int]],
     Only the agents that are keys of ``neighbours`` get an inbox.
     """
     width = width or max(1, max((len(v) for v in neighbours.values()), default=0))
-    inboxes = route({i: outbox[i] for i in range(len(outbox))}, neighbours)
     out = {}
-    for agent, got in inboxes.items():
+    for agent, nbrs in sorted(neighbours.items()):  # one fancy-indexed copy per agent
+        got = [s for s in sorted(nbrs) if 0 <= s < len(outbox)]
         senders = np.full(width, -1, np.int64)
+        senders[:len(got)] = got
         inbox = np.zeros((width, *outbox.shape[1:]))
+        inbox[:len(got)] = outbox[got]
         row = np.zeros(width + 1)
         row[0] = weights[agent, agent]
-        for j, (sender, message) in enumerate(got.items()):
-            senders[j], inbox[j], row[j + 1] = sender, message, weights[agent, sender]
+        row[1:len(got) + 1] = weights[agent, got]
         out[agent] = (inbox, senders, row)
     return out

@@ -5,10 +5,15 @@ Notation: ``m`` agents on a connected graph with a symmetric doubly-stochastic m
 ``epsilon``, unit mass.
 Agent ``i`` holds ``U_i(w) = -log p(D_i | w) - log p_0(w) / m`` (the prior split evenly, so
 ``U = sum_i U_i`` counts it once), its parameter copy ``w_i``, the gradient tracker ``y_i``
-(an estimate of the AVERAGE ``(1/m) sum_j grad U_j``; the network gradient is ``m y_i``), the
-energy tracker ``aleph_i`` (the average local energy change) and the last local quantities it
-contributed (``g_last_i = grad U_i`` at its current ``w_i``, ``c_last_i``). Everything is
-vectorised over ``K`` independent chains (leading axes ``(..., K, d)``).
+(an estimate of the AVERAGE ``(1/m) sum_j grad U_j``; the network gradient is ``m y_i``) with
+its pending correction ``e_i`` (zero but after a rejection), the energy tracker ``aleph_i``
+(the average local energy remainder, below) and the last local quantities it contributed
+(``g_last_i = grad U_i`` at its current ``w_i``, ``c_last_i``). Everything is vectorised over
+``K`` independent chains (leading axes ``(..., K, d)``).
+
+**Invariant** (after every iteration, whatever the agents decided, tested to rounding):
+``sum_i (y_i + e_i) = sum_i grad U_i(w_i)``: the trackers describe the positions the chains are
+at, never a rejected proposal.
 
 **One iteration** (velocity Verlet, one leapfrog step; ``p`` and the uniform ``u`` are SHARED:
 every agent draws them from the same seed, keyed on the run seed and the iteration):
@@ -17,26 +22,44 @@ every agent draws them from the same seed, keyed on the run seed and the iterati
    ``z_i = w_i + Delta_i``; the local energy change along the step,
 
        taylor (the paper):  c_i = g_last_i . Delta_i + (1/2) Delta_i^T H_i(w_i) Delta_i,
-       exact:               c_i = U_i(z_i) - U_i(w_i);
+       exact:               c_i = U_i(z_i) - U_i(w_i),
 
-   broadcast ``z_i`` and ``a_i = aleph_i + c_i - c_last_i``.
+   split as ``c_i = g_last_i . Delta_i + r_i``: broadcast ``z_i`` and
+   ``a_i = aleph_i + r_i - r_last_i`` (only the remainder ``r_i`` past first order is gossiped).
 2. ``s`` mixing rounds: ``z <- W z``, ``a <- W a`` (the new ``aleph'``).
-3. *track*: ``b_i = y_i + grad U_i(z'_i) - g_last_i``; broadcast ``b_i`` and ``y_i``; ``s``
-   rounds give ``y'_i = (W^s b)_i`` (the tracker if the move is accepted) and ``(W^s y)_i``
-   (if it is rejected). The difference is added ONCE, then mixed (``y <- W^s (y + delta)``), so
-   ``mean_i y_i = mean_i grad U_i(current w_i)`` exactly at every iteration.
+3. *track*: ``b_i = y_i + e_i + grad U_i(z'_i) - g_last_i``; broadcast ``b_i`` and ``y_i``;
+   ``s`` rounds give ``y'_i = (W^s b)_i`` (the tracker of the proposal) and ``(W^s y)_i``
+   (the tracker of the kept positions). The increment is added ONCE, then mixed.
 4. *finish*: ``p' = p_half - (epsilon / 2) m y'_i`` and the energy change
 
-       Delta H_i = m aleph'_i + |p'|^2 / 2 - |p|^2 / 2,
+       Delta H_i = m aleph'_i + m y_i . Delta_i + |p'|^2 / 2 - |p|^2 / 2,
 
-   accepted when ``log u < -Delta H_i``; then ``w_i = z'_i``, ``y_i = y'_i``,
-   ``g_last_i = grad U_i(z'_i)``, else the agent keeps ``w_i`` and ``g_last_i`` and takes
-   ``y_i = (W^s y)_i``. Either way ``aleph_i = aleph'_i``, ``c_last_i = c_i``.
+   accepted when ``log u < -Delta H_i``. Accepted: ``w_i = z'_i``, ``y_i = y'_i``, ``e_i = 0``,
+   ``g_last_i = grad U_i(z'_i)``. Rejected: the agent keeps ``w_i`` and ``g_last_i``, takes
+   ``y_i = (W^s y)_i`` and books ``e_i = y'_i - (grad U_i(z'_i) - g_last_i) - (W^s y)_i``
+   (what its own increment left in the network sum; it travels in the next ``b``). Either way
+   ``aleph_i = aleph'_i``, ``r_last_i = r_i``. This keeps the invariant for ANY decisions at
+   no extra exchange: ``2 s`` exchanges per iteration (plus the diameter ``D`` when the
+   decisions are agreed by flooding). The alternative, recomputing the trackers at the kept
+   positions (the reference code's order), costs ``s`` more exchanges per iteration.
+
+   Before issue 27 a rejecting agent took ``(W^s y)_i`` with no correction: exact when all
+   agents decide alike, but with local decisions each disagreement dropped the increment its
+   neighbours had already mixed in, and the tracked sum drifted (the tracker error grew to
+   the size of the local gradients; ``dmala`` at one mixing round was 1.5 posterior sd off).
+
+**Energy tracking.** The network's first-order term ``sum_j g_last_j . Delta_j`` is what the
+gradient tracker already estimates, ``m y_i . Delta_i`` (exact in the invariant's sum at
+consensus), so only the remainder ``r`` (second order, ``O(epsilon^2)``) goes through the energy
+tracker. With one mixing round the energy tracker's error is proportional to its increments:
+gossiping the whole ``c`` (``O(epsilon)``, as before issue 27) left the agents' ``Delta H_i``
+far apart (local decisions disagreed in 48% of chain-iterations on a sorted ring of 5 at step
+0.02; 11% with the remainder).
 
 **Why this Metropolis term.** With ``Delta = epsilon p - (epsilon^2 / 2) g`` (``g = grad U(w)``)
 the exact energy change of one leapfrog step is ``U(w + Delta) - U(w) + |p'|^2/2 - |p|^2/2``.
-With consensus (all ``w_i`` equal, trackers at their averages) ``m aleph' = sum_i c_i`` and
-``m y' = grad U(z)``: the ``taylor`` term is the second-order expansion
+With consensus (all ``w_i`` equal, trackers at their averages) ``m aleph' + m y . Delta =
+sum_i c_i`` and ``m y' = grad U(z)``: the ``taylor`` term is the second-order expansion
 ``g . Delta + Delta^T H Delta / 2`` of ``U(w + Delta) - U(w)`` (exact for a quadratic ``U``;
 its error is the third-order remainder, ``O(|Delta|^3) = O(epsilon^3)``), the kinetic part is
 exact, so ``Delta H`` is exact on Gaussian targets (tested) and the test is the standard HMC
@@ -46,13 +69,21 @@ the rate is reported).
 
 **Several leapfrog steps** (``L > 1``, exact energy): the trajectory repeats phases 2-3 at each
 position, ``z_l`` mixed, the tracker carried along it (``b_l = y_{l-1} + grad U_i(z_l') -
-grad U_i(z_{l-1}')``, mixed) and :func:`advance` taking the full momentum step; the rejection
-tracker ``W^{sL} y`` is mixed alongside; the energy change ``c_i = U_i(z_L) - U_i(w_i)`` enters
-the energy tracker with the last position. Cost: ``2 s L`` exchanges per iteration.
+grad U_i(z_{l-1}')``, mixed) and :func:`advance` taking the full momentum step; the kept
+tracker ``W^{sL} y`` is mixed alongside; the energy change ``c_i = U_i(z_L) - U_i(w_i)`` (split
+along ``D_i = z_L - w_i``) enters the energy tracker with the last position. Cost: ``2 s L``
+exchanges per iteration (plus ``D``). Measured (``benchmarks/dhmc/exchanges.py``): with few
+rounds on a ring or path the agents' trajectories drift apart and ``L = 3`` breaks down
+(acceptance below 0.3, or divergence); it needs ``mixing-rounds = auto``.
 
 ``integrator = "euler"`` is the paper's single symplectic-Euler step ("decentralized MALA"):
-``p' = p - epsilon m y_i``, ``Delta = epsilon p'``; the same energy term with that ``p'``. It is
-not reversible, so the test does not correct its bias; it is kept as a measured baseline.
+``p_half = p - epsilon m y_i``, ``Delta = epsilon p_half``. The map ``(w, p) -> (w + Delta,
+p_half - epsilon m y')`` (a full momentum step back at the proposal) followed by a momentum
+flip is an involution and preserves volume, so with that ``p'`` in the kinetic term the test
+is an exact Metropolis-Hastings correction of the paper's proposal (it is MALA's acceptance
+ratio for the proposal ``N(w - epsilon^2 grad U, epsilon^2 I)``). Before issue 27 the kinetic
+term used ``p_half``, which does not correct the proposal's doubled drift: its chains targeted
+about ``exp(-2 U)`` (variance ratio 0.5, as the reference code's dMALA).
 
 **Warm-up.** For the first ``warmup`` iterations the test is off (every proposal accepted, the
 paper's MH burn-in) and the shared step size is adapted by dual averaging on the agents' mean
@@ -107,6 +138,8 @@ class AgentState(NamedTuple):
     p_half: np.ndarray
     c: np.ndarray
     grad_z: np.ndarray
+    lin: np.ndarray
+    e: np.ndarray
 
 
 def init_agent(potential, w0: np.ndarray) -> AgentState:
@@ -115,7 +148,7 @@ def init_agent(potential, w0: np.ndarray) -> AgentState:
     k, d = w0.shape
     zeros = np.zeros(k)
     return AgentState(w0.copy(), g.copy(), g, zeros, zeros.copy(), np.zeros((k, d)),
-                      np.zeros((k, d)), zeros.copy(), np.zeros((k, d)))
+                      np.zeros((k, d)), zeros.copy(), np.zeros((k, d)), zeros.copy(), np.zeros((k, d)))
 
 
 def begin(state: AgentState, potential, p: np.ndarray, epsilon, num_agents: int,
@@ -133,8 +166,18 @@ def begin(state: AgentState, potential, p: np.ndarray, epsilon, num_agents: int,
         c = potential.value(z) - potential.value(state.w)
     else:
         c = np.sum(state.g_last * delta, axis=-1) + 0.5 * potential.hess_quad(state.w, delta)
+    c, lin = _split_energy(state, c, delta, num_agents)
     a = state.aleph + c - state.c_last
-    return state._replace(p=p, p_half=p_half, c=c), z, a
+    return state._replace(p=p, p_half=p_half, c=c, lin=lin), z, a
+
+
+def _split_energy(state: AgentState, c, displacement, num_agents: int):
+    """``(r, lin)``: the local energy change's remainder past first order,
+    ``r = c - g_last . D``, which the energy tracker carries, and this agent's estimate of the
+    network's first-order term ``sum_j g_last_j . D_j`` from its gradient tracker,
+    ``lin = m y . D`` (``D`` the displacement; module docstring, "Energy tracking")."""
+    r = c - np.sum(state.g_last * displacement, axis=-1)
+    return r, num_agents * np.sum(state.y * displacement, axis=-1)
 
 
 def track(state: AgentState, potential, z_mixed: np.ndarray, y=None, g_last=None):
@@ -143,7 +186,7 @@ def track(state: AgentState, potential, z_mixed: np.ndarray, y=None, g_last=None
     multi-step trajectory, the tracker and local gradient of the previous position). Returns
     ``(state, b)`` (``b`` to broadcast and mix)."""
     grad_z = potential.grad(z_mixed)
-    y = state.y if y is None else y
+    y = state.y + state.e if y is None else y
     g_last = state.g_last if g_last is None else g_last
     return state._replace(grad_z=grad_z), y + grad_z - g_last
 
@@ -159,8 +202,11 @@ def advance(state: AgentState, potential, z_mixed: np.ndarray, y_mixed: np.ndarr
     eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
     p_half = state.p_half - eps * num_agents * y_mixed
     z = z_mixed + eps * p_half
-    c = potential.value(z) - potential.value(state.w) if last else state.c
-    return state._replace(p_half=p_half, c=c), z
+    if not last:
+        return state._replace(p_half=p_half), z
+    c, lin = _split_energy(state, potential.value(z) - potential.value(state.w), z - state.w,
+                           num_agents)
+    return state._replace(p_half=p_half, c=c, lin=lin), z
 
 
 class Outcome(NamedTuple):
@@ -175,12 +221,12 @@ def decide(state: AgentState, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
            num_agents: int, integrator: str = "leapfrog", metropolis: bool = True) -> Outcome:
     """Phase 3a: this agent's energy change, acceptance probability and decision."""
     eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
-    if integrator == "euler":
-        p_new = state.p_half
+    if integrator == "euler":  # the reverse momentum of the involution (module docstring)
+        p_new = state.p_half - eps * num_agents * y_mixed
     else:
         p_new = state.p_half - 0.5 * eps * num_agents * y_mixed
     kinetic = 0.5 * np.sum(p_new**2, axis=-1) - 0.5 * np.sum(state.p**2, axis=-1)
-    delta_h = num_agents * aleph_mixed + kinetic
+    delta_h = num_agents * aleph_mixed + state.lin + kinetic
     with np.errstate(over="ignore", invalid="ignore"):
         prob = np.where(np.isfinite(delta_h), np.minimum(1.0, np.exp(-delta_h)), 0.0)
     accepted = (log_u < -delta_h) if metropolis else np.ones_like(delta_h, dtype=bool)
@@ -190,14 +236,22 @@ def decide(state: AgentState, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
 def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, accepted) -> AgentState:
     """Phase 3b: move to the proposal where ``accepted``; keep the iterate otherwise.
 
-    ``y_mixed = W^s (y + grad U_i(z') - g_last)`` is the tracker after a move and
-    ``y_kept = W^s y`` after a rejection: the tracker is mixed either way, so
-    ``mean_i y_i = mean_i g_last_i`` holds whatever is decided (keeping the unmixed ``y`` on a
-    rejection would leave each agent with its own local gradient for as long as proposals are
-    rejected)."""
+    ``y_mixed = W^s (y + e + grad U_i(z') - g_last)`` is the tracker of the proposal and
+    ``y_kept = W^s y`` the tracker mixed at the kept positions. After a move the agent takes
+    ``y = y_mixed``, ``e = 0``, ``g_last = grad U_i(z')``. After a rejection it takes
+    ``y = y_kept`` (a tracker of the position it stays at) and books what its own increment
+    left in the network sum as the pending correction ``e = y_mixed - (grad U_i(z') - g_last)
+    - y_kept``, which enters its next broadcast ``b`` (mixed before anyone uses it). So
+    ``sum_i (y_i + e_i) = sum_i grad U_i(w_i)`` exactly after every iteration, for ANY pattern
+    of decisions (agreed: the ``e_i`` sum to zero; local: they carry the increments the
+    rejecting agents' neighbours had already mixed in), with no exchange beyond the tracking
+    phase (tested to rounding; the former rule, ``y = W^s y`` and no correction, broke it
+    whenever agents disagreed)."""
     keep = np.asarray(accepted)[..., None]
+    pending = y_mixed - (state.grad_z - state.g_last) - y_kept
     return state._replace(w=np.where(keep, z_mixed, state.w),
                           y=np.where(keep, y_mixed, y_kept),
+                          e=np.where(keep, 0.0, pending),
                           g_last=np.where(keep, state.grad_z, state.g_last),
                           aleph=aleph_mixed, c_last=state.c)
 

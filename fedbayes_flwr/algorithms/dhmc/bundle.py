@@ -12,14 +12,21 @@ shared step size. All the maths is in :mod:`fedbayes_flwr.algorithms.dhmc.agents
 * ``s`` exchanges mixing ``[z, a]`` (proposal and energy tracker): each agent replies
   ``W_ii own + sum_j W_ij inbox_j``; after the last it takes the gradient at its mixed proposal
   and broadcasts the tracker increment ``b``;
-* ``s`` exchanges mixing ``b`` (gradient tracking); after the last each agent computes its
-  energy change and its own Metropolis decision;
+* ``s`` exchanges mixing ``[b, y]`` (gradient tracking: the proposal's tracker and the kept
+  positions' one); after the last each agent computes its energy change and its own
+  Metropolis decision;
 * ``dhmc.decision = agree`` (default): ``D`` flooding exchanges in which each agent replies the
   AND of its and its neighbours' accept bits, so after ``D`` every agent holds the network AND
   and all take the same decision (a proposal is accepted when every agent's test accepts it);
   ``local`` (the paper): each agent applies its own decision at once (no extra exchange);
-  disagreements are counted. Measured: with ``local`` one disagreement breaks the trackers'
-  invariant and consensus (docs/families/dhmc.md), which is why ``agree`` is the default.
+  disagreements are counted.
+
+So ``2 s L + D`` exchanges per iteration (``2 s L`` with ``local``). A rejection costs no
+exchange: the rejecting agent keeps the mixed tracker of its position and books its
+increment's remainder as a pending correction carried by its next ``b``
+(:func:`fedbayes_flwr.algorithms.dhmc.agents.apply`), so the trackers describe the current
+positions after any pattern of decisions (issue 27; recomputing them instead would cost ``s``
+more exchanges per iteration).
 
 With ``dhmc.leapfrog-steps = L > 1`` the two mixing phases repeat at each of the trajectory's
 ``L`` positions (:func:`fedbayes_flwr.algorithms.dhmc.agents.advance` between them) before the decision.
@@ -398,9 +405,19 @@ def initial_position(setup) -> np.ndarray:
 
 
 def shared(setup, iteration: int):
-    """The iteration's momentum and ``log u``, identical at every agent."""
-    rng = numpy_rng(derive_seed(setup.run_seed, "dhmc.momentum", iteration, -1))
-    return H.shared_draws(rng, setup.config.num_chains, setup.prior.dim)
+    """The iteration's momentum and ``log u``, identical at every agent (read-only arrays,
+    drawn once per process and iteration: every agent of an in-process run, and each agent's
+    two uses, share them)."""
+    return _shared(setup.run_seed, iteration, setup.config.num_chains, setup.prior.dim)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared(run_seed: int, iteration: int, chains: int, dim: int):
+    rng = numpy_rng(derive_seed(run_seed, "dhmc.momentum", iteration, -1))
+    p, log_u = H.shared_draws(rng, chains, dim)
+    p.setflags(write=False)
+    log_u.setflags(write=False)
+    return p, log_u
 
 
 def _mix(own: np.ndarray, msg: Down) -> np.ndarray:
@@ -450,7 +467,7 @@ def _init_server(setup) -> ServerState:
 def _client_state_template(setup) -> AgentState:
     k, d, f = _dims(setup)
     zk, zkd = np.zeros(k), np.zeros((k, d))
-    agent = H.AgentState(zkd, zkd, zkd, zk, zk, zkd, zkd, zk, zkd)
+    agent = H.AgentState(zkd, zkd, zkd, zk, zk, zkd, zkd, zk, zkd, zk, zkd)
     return AgentState(agent, np.zeros((k, f)), zkd, zk, zkd, zkd, zk, np.zeros(1))
 
 

@@ -46,10 +46,15 @@ def simulate(potentials: list, mixing: np.ndarray, w0: np.ndarray, epsilon: floa
              iterations: int, warmup: int = 0, rounds: int | str = 1, seed: int = 0,
              integrator: str = "leapfrog", energy: str = "taylor", adapt: bool = True,
              target_accept: float = 0.6, posterior_var=None, decision: str = "local",
-             warmup_metropolis: bool = True) -> Run:
+             warmup_metropolis: bool = True, leapfrog_steps: int = 1) -> Run:
     """Run ``warmup + iterations`` iterations from ``w0 (K, d)`` (module docstring); ``rounds``
     is a number of mixing rounds per phase or a schedule
-    (:func:`fedbayes_flwr.algorithms.decentralized.mixing.parse_schedule`)."""
+    (:func:`fedbayes_flwr.algorithms.decentralized.mixing.parse_schedule`); ``leapfrog_steps``
+    ``L > 1`` repeats the mixing and tracking at every position, as the bundle does (exact
+    energy)."""
+    if leapfrog_steps > 1 and (integrator != "leapfrog" or energy != "exact"):
+        raise ValueError(f"{leapfrog_steps} leapfrog steps need integrator 'leapfrog' and "
+                         f"energy 'exact' (got {integrator!r}, {energy!r})")
     m = len(potentials)
     k, d = w0.shape
     schedule = parse_schedule(rounds) if isinstance(rounds, str) else ((-1, int(rounds)),)
@@ -68,11 +73,34 @@ def simulate(potentials: list, mixing: np.ndarray, w0: np.ndarray, epsilon: floa
         begun = [dhmc.begin(st, pot, p, eps, m, integrator, energy)
                  for st, pot in zip(states, potentials, strict=True)]
         z = np.tensordot(mix, np.stack([b[1] for b in begun]), axes=1)
-        a = np.tensordot(mix, np.stack([b[2] for b in begun]), axes=1)
-        tracked = [dhmc.track(b[0], pot, z[i])
-                   for i, (b, pot) in enumerate(zip(begun, potentials, strict=True))]
-        y = np.tensordot(mix, np.stack([t[1] for t in tracked]), axes=1)
-        y_kept = np.tensordot(mix, np.stack([t[0].y for t in tracked]), axes=1)
+        if leapfrog_steps > 1:  # the energy enters with the trajectory's last position
+            a = np.tensordot(mix, np.stack([b[0].aleph for b in begun]), axes=1)
+        else:
+            a = np.tensordot(mix, np.stack([b[2] for b in begun]), axes=1)
+        y_kept = np.stack([b[0].y for b in begun])
+        cur = [b[0] for b in begun]
+        y_prev = g_prev = None
+        for leap in range(1, leapfrog_steps + 1):
+            tracked = [dhmc.track(st, pot, z[i], None if y_prev is None else y_prev[i],
+                                  None if g_prev is None else g_prev[i])
+                       for i, (st, pot) in enumerate(zip(cur, potentials, strict=True))]
+            cur = [t[0] for t in tracked]
+            y = np.tensordot(mix, np.stack([t[1] for t in tracked]), axes=1)
+            y_kept = np.tensordot(mix, y_kept, axes=1)
+            if leap < leapfrog_steps:  # the next position (agents.advance)
+                last = leap + 1 == leapfrog_steps
+                moved = [dhmc.advance(st, pot, z[i], y[i], eps, m, last)
+                         for i, (st, pot) in enumerate(zip(cur, potentials, strict=True))]
+                cur = [q[0] for q in moved]
+                if last:
+                    a = np.tensordot(mix, a + np.stack([st.c - st.c_last for st in cur]),
+                                     axes=1)
+                else:
+                    a = np.tensordot(mix, a, axes=1)
+                z = np.tensordot(mix, np.stack([q[1] for q in moved]), axes=1)
+                y_prev, g_prev = y, np.stack([st.grad_z for st in cur])
+                evals += 1
+        tracked = [(st, None) for st in cur]
         outs = [dhmc.decide(t[0], a[i], y[i], log_u, eps, m, integrator,
                             metropolis=warmup_metropolis or not warm)
                 for i, t in enumerate(tracked)]
