@@ -86,7 +86,16 @@ import numpy as np
 
 from fedbayes_flwr.algorithms import commit
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, Rejection, Request, StepInfo
-from fedbayes_flwr.algorithms.dsvgd.svgd import svgd
+from fedbayes_flwr.algorithms.dsvgd.svgd import (
+    MEDIAN_BANDWIDTH_SCALE,
+    SCALED_STEP,
+    LoopReport,
+    Whitening,
+    guarded_svgd,
+    scaled_svgd,
+    svgd,
+    whitening,
+)
 from fedbayes_flwr.algorithms.particles import (
     AUTO_PARTICLES,
     minibatch_grad,
@@ -95,7 +104,7 @@ from fedbayes_flwr.algorithms.particles import (
     prior_score,
     project,
 )
-from fedbayes_flwr.errors import ConfigError
+from fedbayes_flwr.errors import ConfigError, RunStopped
 from fedbayes_flwr.inference.kde import KDE, kde_score, log_ratio_score, ratio_kdes
 from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
@@ -109,6 +118,20 @@ AUTO_STEP = {"bnn": (1e-3, 1e-6), "other": (0.05, 1e-9)}
 #: ``learning-rate = auto`` for non-BNN models: this fraction of the starting particles' spread.
 AUTO_RELATIVE_STEP = 0.1
 DISTILLATION_STARTS = ("global", "local")
+#: ``mahalanobis``: SVGD and KDE kernels with the particles' covariance as metric (whitened
+#: coordinates); ``isotropic``: Euclidean kernels (the paper).
+KERNELS = ("mahalanobis", "isotropic")
+#: ``scaled``: a rate following the particles' spread and decaying (:func:`scaled_svgd`);
+#: ``fixed``: the reference code's constant AdaGrad rate (``learning-rate``).
+STEPS = ("scaled", "fixed")
+#: The SVGD kernel's bandwidth: ``median`` (``h = med^2``,
+#: :func:`fedbayes_flwr.algorithms.dsvgd.svgd.median_bandwidth`) or ``median-log`` (the median
+#: heuristic ``med^2 / log N`` of the paper and the reference code).
+SVGD_BANDWIDTHS = ("median", "median-log")
+#: ``num-particles = 0`` for models other than BNNs and ``mixture-1d``: ``N = clip(ceil(
+#: particles-per-dim * d), 20, MAX_AUTO_PARTICLES)``.
+PARTICLES_PER_DIM = 10.0
+MAX_AUTO_PARTICLES = 200
 
 
 @dataclass(frozen=True)
@@ -162,11 +185,17 @@ class DSVGDConfig:
     schedule: str = "round-robin"
     learning_rate: float = 0.0
     adagrad_eps: float = 0.0
-    batch_size: int = 100
+    batch_size: int = 0
     kde_bandwidth: str = "auto"
     kde_floor: float = 1e-9
     temperature: float = 1.0
     distillation_start: str = "global"
+    kernel: str = "mahalanobis"
+    svgd_bandwidth: str = "median"
+    step: str = "scaled"
+    particles_per_dim: float = PARTICLES_PER_DIM
+    guard: bool = True
+    guard_retries: int = 3
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
@@ -198,6 +227,15 @@ class DSVGDConfig:
              f"must be >= 0 (0 = all rows), got {self.batch_size}")
         need(0 <= self.kde_floor < 1, "kde-floor", f"must be in [0, 1), got {self.kde_floor}")
         need(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+        need(self.kernel in KERNELS, "kernel",
+             f"unknown kernel {self.kernel!r}; choose one of {', '.join(KERNELS)}")
+        need(self.svgd_bandwidth in SVGD_BANDWIDTHS, "svgd-bandwidth",
+             f"unknown rule {self.svgd_bandwidth!r}; choose one of {', '.join(SVGD_BANDWIDTHS)}")
+        need(self.step in STEPS, "step",
+             f"unknown step {self.step!r}; choose one of {', '.join(STEPS)}")
+        need(self.particles_per_dim >= 0, "particles-per-dim",
+             f"must be >= 0 (0 = the per-model count), got {self.particles_per_dim}")
+        need(self.guard_retries >= 0, "guard-retries", f"must be >= 0, got {self.guard_retries}")
         try:
             bandwidth_rule(self)
         except ValueError:
@@ -236,16 +274,26 @@ class Down(NamedTuple):
 
 
 class Up(NamedTuple):
-    """Client -> server: the client's new global particles ``theta_k^(i)``."""
+    """Client -> server: the client's new global particles ``theta_k^(i)``, and its divergence
+    guard's record: the SVGD attempts it rolled back, and 1 if a loop never recovered."""
 
     particles: np.ndarray
     request_round: int
+    rollbacks: int = 0
+    diverged: int = 0
 
 
 def num_particles(setup) -> int:
     """``N`` for this run (``num-particles`` or the model's default)."""
     n = setup.config.num_particles
-    return int(n) if n else AUTO_PARTICLES[model_family(setup.model)]
+    if n:
+        return int(n)
+    family = model_family(setup.model)
+    per_dim = setup.config.particles_per_dim
+    if family != "other" or not per_dim:
+        return AUTO_PARTICLES[family]
+    wanted = int(np.ceil(per_dim * setup.prior.dim))
+    return int(np.clip(wanted, AUTO_PARTICLES["other"], MAX_AUTO_PARTICLES))
 
 
 def step_settings(setup, start: np.ndarray) -> tuple[float, float]:
@@ -307,44 +355,118 @@ def _score(x, kdes_num, kdes_den, floor: float) -> np.ndarray:
     return log_ratio_score(x, kdes_num, kdes_den, floor)
 
 
-def _loop(start: np.ndarray, score_fn, iterations: int, setup) -> np.ndarray:
-    """One SVGD loop with the support projection after every step."""
-    lr, eps = step_settings(setup, start)
-    if getattr(setup.model, "support", None) is None:
-        return svgd(start, score_fn, iterations, lr, eps)
-    x = start
-    for _ in range(iterations):  # one step per call: project between steps
-        x = project(svgd(x, score_fn, 1, lr, eps), setup)
-    return x
+def _metric(sets, setup) -> Whitening:
+    """The loop's coordinates: whitened by ``sets``' mean and average covariance
+    (``kernel = mahalanobis``) or the identity (``isotropic``, the paper: ``z = x`` exactly)."""
+    if setup.config.kernel == "mahalanobis":
+        return whitening(sets)
+    d = np.asarray(sets[0]).shape[1]
+    return Whitening(np.zeros(d), np.eye(d))
+
+
+def _model_score(metric: Whitening, fn):
+    """``grad_z`` of a log density given by its ``grad_x`` ``fn``."""
+    return lambda z: metric.score_to_z(fn(metric.to_x(z)))
+
+
+#: ``kernel = mahalanobis``: loops whose metric follows their particles re-estimate it (and
+#: rebuild their target's KDEs in the new coordinates) every this many iterations.
+SEGMENT = 25
+
+
+def _loop(start: np.ndarray, make_target, iterations: int, setup, metric_sets=None,
+          reports: list | None = None) -> np.ndarray:
+    """One SVGD loop from ``start`` (x coordinates), the support projection after every step and
+    the divergence guard (:func:`fedbayes_flwr.algorithms.dsvgd.svgd.guarded_svgd`, its report
+    appended to ``reports``); returns the particles in x coordinates.
+
+    ``make_target(metric)`` is the target's score in ``metric``'s coordinates. The metric
+    (:func:`_metric`) is that of ``metric_sets``, fixed, or with ``metric_sets`` None that of
+    the current particles, re-estimated every :data:`SEGMENT` iterations (``kernel =
+    isotropic``: the identity, one segment).
+    """
+    config = setup.config
+    support = getattr(setup.model, "support", None)
+    follow = metric_sets is None and config.kernel == "mahalanobis"
+    first = _metric([start] if metric_sets is None else metric_sets, setup)
+    scale = MEDIAN_BANDWIDTH_SCALE if config.svgd_bandwidth == "median" else None
+
+    def segment(x, metric, score_fn, n, t0, factor):
+        z0 = metric.to_z(x)
+
+        def proj(z):
+            return metric.to_z(project(metric.to_x(z), setup))
+
+        if config.step == "scaled":
+            return metric.to_x(scaled_svgd(
+                z0, score_fn, n, relative=(config.learning_rate or SCALED_STEP) * factor,
+                eps=config.adagrad_eps or 1e-9, project=proj if support is not None else None,
+                bandwidth_scale=scale, t0=t0))
+        lr, eps = step_settings(setup, z0)
+        if support is None:
+            return metric.to_x(svgd(z0, score_fn, n, lr * factor, eps, bandwidth_scale=scale))
+        z = z0
+        for _ in range(n):  # one step per call: project between steps
+            z = proj(svgd(z, score_fn, 1, lr * factor, eps, bandwidth_scale=scale))
+        return metric.to_x(z)
+
+    def run(factor: float) -> np.ndarray:
+        x, metric, t = start, first, 0
+        while t < iterations:
+            n = min(SEGMENT, iterations - t) if follow else iterations
+            if follow and t:
+                metric = _metric([x], setup)
+            x = segment(x, metric, make_target(metric), n, t, factor)
+            t += n
+            if not np.all(np.isfinite(x)):
+                break
+        return first.to_z(x)
+
+    z0 = first.to_z(start)
+    if config.guard:
+        z, report = guarded_svgd(run, z0, retries=config.guard_retries)
+    else:
+        z, report = run(1.0), LoopReport(1.0, 0, ())
+    if reports is not None:
+        reports.append(report)
+    return first.to_x(z)
+
+
+def _unrecovered(report: LoopReport, setup) -> bool:
+    return bool(setup.config.guard and len(report.reasons) > setup.config.guard_retries)
 
 
 # ---------------------------------------------------------------------------- the maths
-def local_update(seed, factor: Factor, particles: np.ndarray, data, setup) -> np.ndarray:
+def local_update(seed, factor: Factor, particles: np.ndarray, data, setup,
+                 reports: list | None = None) -> np.ndarray:
     """The local SVGD loop: ``theta^(i-1) -> theta_k^(i)`` towards the tilted cavity (eq. 5).
 
     Target score ``grad log q^(i-1) - grad log t_k^(i-1) + grad log p0 - grad L_k / alpha``; the
-    ``svgd`` variant drops the two KDE terms.
+    ``svgd`` variant drops the two KDE terms. Metric: ``theta^(i-1)``'s covariance.
     """
     config = setup.config
     rng = numpy_rng(seed)
     floor = config.kde_floor
-    if config.variant == "svgd":
-        num, den = [], []
-    else:
-        num, den = _ratio([particles, *factor.denominators], list(factor.numerators), setup)
 
-    def target(x):
-        return (_score(x, num, den, floor) + prior_score(setup, x)
-                + likelihood_score(rng, x, data, setup))
+    def make_target(metric):
+        if config.variant == "svgd":
+            num, den = [], []
+        else:
+            num, den = _ratio([metric.to_z(s) for s in [particles, *factor.denominators]],
+                              [metric.to_z(s) for s in factor.numerators], setup)
+        model = _model_score(metric, lambda x: prior_score(setup, x)
+                             + likelihood_score(rng, x, data, setup))
+        return lambda z: _score(z, num, den, floor) + model(z)
 
-    return _loop(particles, target, config.local_iterations, setup)
+    return _loop(particles, make_target, config.local_iterations, setup, None, reports)
 
 
-def distil(factor: Factor, old_global: np.ndarray, new_global: np.ndarray, setup) -> Factor:
+def distil(factor: Factor, old_global: np.ndarray, new_global: np.ndarray, setup,
+           reports: list | None = None) -> Factor:
     """The new factor ``t_k^(i) ∝ q_k^(i) t_k^(i-1) / q^(i-1)`` (eq. 7).
 
-    DSVGD: the distillation SVGD loop moves the local particles towards it. U-DSVGD: the ratio
-    is kept exactly (two more particle sets).
+    DSVGD: the distillation SVGD loop moves the local particles towards it (metric: the new
+    global particles' covariance). U-DSVGD: the ratio is kept exactly (two more particle sets).
     """
     config = setup.config
     if config.variant == "u-dsvgd":
@@ -352,27 +474,45 @@ def distil(factor: Factor, old_global: np.ndarray, new_global: np.ndarray, setup
                       np.concatenate([factor.denominators, old_global[None]]))
     if config.variant == "svgd":
         return factor
-    num, den = _ratio([new_global, *factor.numerators], [old_global, *factor.denominators], setup)
+    def make_target(metric):
+        num, den = _ratio([metric.to_z(s) for s in [new_global, *factor.numerators]],
+                          [metric.to_z(s) for s in [old_global, *factor.denominators]], setup)
+        return lambda z: _score(z, num, den, config.kde_floor)
+
     start = new_global if config.distillation_start == "global" else factor.numerators[0]
-    local = _loop(start, lambda x: _score(x, num, den, config.kde_floor),
-                  config.distillation_iterations, setup)
+    local = _loop(start, make_target, config.distillation_iterations, setup, [new_global],
+                  reports)
     return Factor(local[None], factor.denominators)
 
 
-def server_merge(old: np.ndarray, uploads: list[np.ndarray], setup) -> np.ndarray:
+def server_merge(old: np.ndarray, uploads: list[np.ndarray], setup,
+                 reports: list | None = None) -> np.ndarray:
     """P-DSVGD's data-free server loop towards ``KDE(old)^(1 - S) prod_k KDE(theta_k)``; with one
-    upload, that upload itself (DSVGD)."""
+    upload, that upload itself (DSVGD).
+
+    The numerators' kernel terms are not floored (the denominator's are, at ``kde-floor``):
+    floored, each upload's KDE is flat, its score zero, beyond about ``6.4`` bandwidths of its
+    particles, so wherever the uploads' clouds do not overlap (label-skewed clients) nothing
+    pulls the particles and ``- (S - 1) grad log KDE(old)`` pushes them out of the old cloud for
+    the whole loop: the round-1 blow-up of issue 26 (10 clients, logistic regression, ``d = 11``:
+    spread 11.5 against a posterior sd of 0.12 from one merge; 0.05 without the numerators'
+    floor). Metric: the uploads' average covariance, the scale of the target.
+    """
     if len(uploads) == 1:
         return uploads[0]
-    num, (old_kde,) = _ratio(uploads, [old], setup, pair_all=True)
     weight = len(uploads) - 1
     floor = setup.config.kde_floor
 
-    def target(x):
-        return _score(x, num, [], floor) - weight * kde_score(x, old_kde.centres,
-                                                              old_kde.bandwidth, floor)
+    def make_target(metric):
+        num, (old_kde,) = _ratio([metric.to_z(u) for u in uploads], [metric.to_z(old)], setup,
+                                 pair_all=True)
 
-    return _loop(old, target, setup.config.local_iterations, setup)
+        def target(x):
+            return _score(x, num, [], 0.0) - weight * kde_score(x, old_kde.centres,
+                                                                old_kde.bandwidth, floor)
+        return target
+
+    return _loop(old, make_target, setup.config.local_iterations, setup, uploads, reports)
 
 
 def schedule(setup, number: int) -> list[int]:
@@ -406,34 +546,66 @@ def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
 def _client_step(seed, state: commit.Pending, request: Request, data, setup):
     message = request.message
     state = commit.acknowledge(state, message.accepted_round)
-    new = local_update(seed, state.value, message.particles, data, setup)
-    factor = distil(state.value, message.particles, new, setup)
+    reports: list[LoopReport] = []
+    new = local_update(seed, state.value, message.particles, data, setup, reports)
+    factor = distil(state.value, message.particles, new, setup, reports)
+    rollbacks = sum(r.rollbacks for r in reports)
+    diverged = int(any(_unrecovered(r, setup) for r in reports))
     return (commit.propose(state, factor, message.server_round),
-            Up(new, message.server_round), {})
+            Up(new, message.server_round, rollbacks, diverged), {})
 
 
 def _server_step(state: ServerState, replies, setup, rnd):
     accepted, rejected, uploads = [], [], []
     acc = state.accepted_round
+    client_rollbacks = 0
     for pid, reply in sorted(replies, key=lambda r: r[0]):
         if isinstance(reply, Rejection):
             rejected.append(reply)
             continue
+        client_rollbacks += int(reply.rollbacks)
         uploads.append(reply.particles)
         accepted.append(pid)
         acc = commit.record_accepted(acc, pid, reply.request_round)
-    particles = server_merge(state.particles, uploads, setup) if uploads else state.particles
+    where = f"update {rnd.number}"
+    if not uploads and any(r.field == "diverged" for r in rejected):
+        raise RunStopped(f"{where}: every client's SVGD loop diverged after "
+                         f"{setup.config.guard_retries} step reductions ({rejected[0].reason}); "
+                         "the run stops (lower dsvgd.learning-rate)")
+    reports: list[LoopReport] = []
+    particles = server_merge(state.particles, uploads, setup, reports) if uploads else state.particles
+    diagnostics: dict = {}
+    if reports and _unrecovered(reports[0], setup):
+        raise RunStopped(f"{where}: the server merge diverged after {setup.config.guard_retries} "
+                         f"step reductions ({reports[0].reasons[-1]}); the run stops")
+    server_rollbacks = sum(r.rollbacks for r in reports)
+    if setup.config.guard:
+        diagnostics["dsvgd_rollbacks"] = client_rollbacks + server_rollbacks
+        if server_rollbacks:
+            diagnostics["dsvgd_guard"] = (f"server merge rolled back {server_rollbacks}x "
+                                          f"({reports[0].reasons[0]}), step x{reports[0].step_factor:g}")
+        elif client_rollbacks:
+            diagnostics["dsvgd_guard"] = f"client loops rolled back {client_rollbacks}x"
     return (ServerState(particles, state.server_round + 1, acc),
-            StepInfo(updates=1, accepted=tuple(accepted), rejected=tuple(rejected)))
+            StepInfo(updates=1, accepted=tuple(accepted), rejected=tuple(rejected),
+                     diagnostics=diagnostics))
+
+
+class ParticlePosterior(SamplePosterior):
+    """The global particles; the recorder adds their kernel Stein discrepancy to the target
+    (:func:`fedbayes_flwr.evaluation.sample_quality.kernel_stein_discrepancy`) to each history
+    row's diagnostics, so a collapsed or diverged cloud is visible without a reference."""
+
+    stein_diagnostic = True
 
 
 def _posterior(state: ServerState, setup):
-    return SamplePosterior(state.particles)
+    return ParticlePosterior(state.particles)
 
 
 def _actions(setup) -> dict[str, ActionSpec]:
     z = np.zeros((num_particles(setup), setup.prior.dim))
-    return {TRAIN: ActionSpec("train", Down(z, 0, 0), Up(z, 0))}
+    return {TRAIN: ActionSpec("train", Down(z, 0, 0), Up(z, 0, 0, 0))}
 
 
 def _client_state_template(setup) -> commit.Pending:
@@ -444,7 +616,12 @@ def _client_state_template(setup) -> commit.Pending:
 
 
 def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | None:
-    """Particles must lie in a bounded prior's support."""
+    """A client whose SVGD loops never recovered is refused; particles must be finite and lie in
+    a bounded prior's support."""
+    if int(getattr(reply, "diverged", 0)):
+        return "diverged", "its SVGD loop diverged at every step size tried"
+    if not np.all(np.isfinite(reply.particles)):
+        return "particles", "non-finite particles"
     support = getattr(setup.model, "support", None)
     if support is not None and (np.any(reply.particles < support[0])
                                 or np.any(reply.particles > support[1])):
@@ -471,6 +648,14 @@ BUNDLE = Bundle(
 
 
 # ---------------------------------------------------------------------------- presets
+def _paper(c):
+    """The paper's (and the project's earlier) settings: Euclidean kernels, the reference code's
+    constant AdaGrad rate, 20 particles for linear models (the guard stays on: it acts only on a
+    diverged loop)."""
+    return c.with_section(kernel="isotropic", step="fixed", particles_per_dim=0.0,
+                          svgd_bandwidth="median-log", batch_size=100)
+
+
 def _u_dsvgd(c):
     return c.with_section(variant="u-dsvgd")
 
@@ -483,12 +668,20 @@ def _svgd(c):  # one client holding every row: the data never leave in a real fe
     return c.replace(num_clients=1).with_section(variant="svgd", clients_per_round=1)
 
 
+def _then_paper(preset):
+    return lambda c: _paper(preset(c) if preset is not None else c)
+
+
 PRESETS = {
     "dsvgd": (None, "DSVGD: particles go down and up; clients keep N distilled local particles"),
     "u-dsvgd": (_u_dsvgd, "U-DSVGD: the unrolled KDE-ratio factor (client memory grows)"),
     "p-dsvgd": (_p_dsvgd, "parallel DSVGD: every client each round, a data-free server merge"),
     "svgd": (_svgd, "centralised SVGD on the pooled data, the same I x L iterations"),
 }
+PRESETS.update({
+    f"{name}-paper": (_then_paper(preset), f"{name} with the paper's settings (Euclidean kernels, "
+                                           "constant AdaGrad rate, 20 particles)")
+    for name, (preset, _) in list(PRESETS.items())})
 
 
 def registrations():
