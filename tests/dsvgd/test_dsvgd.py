@@ -38,8 +38,10 @@ def _particles(exp, rounds=None):
 
 def test_one_client_one_round_is_centralised_svgd():
     """First round: q^(0) = t_k^(0) = KDE(theta^(0)), so the cavity scores cancel exactly and the
-    target is p0 exp(-L); the bundle must equal a plain SVGD loop on it to rounding."""
-    exp = _experiment(algorithm="dsvgd", **{"num-clients": 1, "num-rounds": 1})
+    target is p0 exp(-L); with the paper's settings (``dsvgd-paper``: Euclidean kernel, constant
+    rate) the bundle must equal a plain SVGD loop on it to rounding, and with the defaults
+    (Mahalanobis metric, scaled step) the svgd baseline's first round."""
+    exp = _experiment(algorithm="dsvgd-paper", **{"num-clients": 1, "num-rounds": 1})
     (got,) = _particles(exp)
     setup, data = exp.setup, exp.client_data(0)
     x0 = D.initial_particles(setup)
@@ -53,8 +55,12 @@ def test_one_client_one_round_is_centralised_svgd():
     want = svgd(x0, score, setup.config.local_iterations, lr, eps)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     # and the svgd baseline's first round is the same loop
-    (base,) = _particles(_experiment(algorithm="svgd", **{"num-rounds": 1}))
+    (base,) = _particles(_experiment(algorithm="svgd-paper", **{"num-rounds": 1}))
     np.testing.assert_allclose(base, want, rtol=0, atol=1e-6)
+    # the defaults: one client's first round is the svgd baseline's first round
+    (got,) = _particles(_experiment(algorithm="dsvgd", **{"num-clients": 1, "num-rounds": 1}))
+    (base,) = _particles(_experiment(algorithm="svgd", **{"num-rounds": 1}))
+    np.testing.assert_allclose(got, base, rtol=0, atol=1e-9)
 
 
 def test_first_pass_dsvgd_equals_u_dsvgd_then_they_differ():

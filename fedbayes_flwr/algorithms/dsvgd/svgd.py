@@ -298,9 +298,8 @@ class Whitening(NamedTuple):
     root: np.ndarray
 
     def to_z(self, x) -> np.ndarray:
-        from scipy.linalg import solve_triangular
-
-        return solve_triangular(self.root, (np.asarray(x, np.float64) - self.mean).T, lower=True).T
+        # a matrix product, not a triangular solve (scipy's is ~20 ms per call on a busy host)
+        return (np.asarray(x, np.float64) - self.mean) @ np.linalg.inv(self.root).T
 
     def to_x(self, z) -> np.ndarray:
         return self.mean + np.asarray(z, np.float64) @ self.root.T
