@@ -154,9 +154,35 @@ class DSVGDConfig:
         ``dsvgd`` (distilled local particles), ``u-dsvgd`` (the unrolled factor) or ``svgd``
         (centralised); set by the algorithm names.
     num_particles : int
-        ``N``; 0 = by model: 200 for ``mixture-1d``, 20 otherwise (BNNs as the reference; linear
-        models 20 where the reference uses 6, because 6 particles under-disperse: std 0.3-0.4 of
-        the posterior's on ``gaussian-mean``, the table in docs/families/dsvgd.md).
+        ``N``; 0 = by model: 200 for ``mixture-1d``, 20 for BNNs (the reference), otherwise
+        ``clip(ceil(particles_per_dim * d), 20, 200)`` (``d = 11``: 110). Each SVGD iteration
+        costs ``O(N^2 d)`` (the kernel matrix) plus ``N`` gradients; a KDE score ``O(N^2 d)``
+        per set too, so ``N = 10 d`` costs ``O(d^3)`` per iteration.
+    particles_per_dim : float
+        The factor of the rule above (10; 0 = 20 particles whatever ``d``, the project's
+        earlier default: std 0.3-0.55 of NUTS's in ``d = 6-14``, issue 26).
+    kernel : str
+        ``mahalanobis`` (default): SVGD in coordinates whitened by the particles' covariance
+        (re-estimated every 25 iterations; Wang et al. 2019's constant preconditioner), and KDE
+        factors whose kernel is each particle set's own covariance times 0.75 with the centres
+        pulled in so the KDE keeps the set's covariance
+        (:func:`fedbayes_flwr.inference.kde.matrix_kde`); ``isotropic``: Euclidean kernels and
+        ``kde-bandwidth`` (the paper).
+    svgd_bandwidth : str
+        ``median`` (``h = med^2``, default) or ``median-log`` (``h = med^2 / log N``, the paper;
+        under-disperses in more than a few dimensions:
+        :func:`fedbayes_flwr.algorithms.dsvgd.svgd.median_bandwidth`).
+    step : str
+        ``scaled`` (default): AdaGrad with a rate of ``learning_rate`` (0 = 0.1) times the
+        particles' current spread, decaying as ``(1 + t / 20)^(-1/2)``
+        (:func:`fedbayes_flwr.algorithms.dsvgd.svgd.scaled_svgd`); ``fixed``: the reference
+        code's constant rate (see ``learning_rate``).
+    guard, guard_retries : bool, int
+        The divergence guard: a loop whose particles turn non-finite, spread ten-fold or leave
+        by 1e3 spreads is rolled back and rerun with the step 10 times smaller, at most
+        ``guard_retries`` (3) times; the history row records ``dsvgd_rollbacks``; a client that
+        never recovers is rejected (``diverged``), and a round in which every client, or the
+        server's merge, never recovers stops the run.
     local_iterations, distillation_iterations : int
         ``L`` SVGD steps of the local and the distillation loop (200).
     clients_per_round : int
@@ -166,9 +192,11 @@ class DSVGDConfig:
     learning_rate, adagrad_eps : float
         AdaGrad-with-momentum base rate and fudge factor; 0 = auto: BNNs the reference's
         1e-3 and 1e-6; other models a rate of 0.1 times the loop's starting spread (see
-        :func:`step_settings`; ``0.05`` reproduces the reference's logistic runs) and 1e-9.
+        :func:`step_settings`; ``0.05`` reproduces the reference's logistic runs) and 1e-9. With
+        ``step = scaled`` the rate is relative to the current spread (0 = 0.1).
     batch_size : int
-        Mini-batch rows per SVGD iteration (0 = all rows).
+        Mini-batch rows per SVGD iteration (0 = all rows; -1 = auto: all rows with the
+        ``scaled`` step, 100 with ``fixed``, see :func:`batch_size`).
     kde_bandwidth : str
         ``auto`` (Scott's rule with variance-preserving centres,
         :func:`fedbayes_flwr.algorithms.dsvgd.svgd.shrink_kde`),
