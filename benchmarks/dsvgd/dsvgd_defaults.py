@@ -29,9 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE)), HERE]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-
 import common  # noqa: E402,F401  (quietens TensorFlow, puts the repository on sys.path)
+import numpy as np  # noqa: E402
 from problems import CASES, make_case  # noqa: E402
 
 OUT = os.path.join(HERE, "..", "results", "dsvgd", "dsvgd_defaults.json")

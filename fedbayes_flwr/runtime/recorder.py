@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from fedbayes_flwr.evaluation.sample_quality import kernel_stein_discrepancy
 from fedbayes_flwr.inference.posterior import TracePosterior
 from fedbayes_flwr.runtime.checkpoint import Checkpoint, save
 
@@ -93,8 +94,6 @@ class Recorder:
     def _ksd(self, posterior) -> float:
         """IMQ kernel Stein discrepancy of a particle posterior's particles to the target
         posterior (the model's score on the pooled training rows; ``nan`` if not finite)."""
-        from fedbayes_flwr.evaluation.sample_quality import kernel_stein_discrepancy
-
         x = np.asarray(posterior.samples, dtype=np.float64)
         if not np.all(np.isfinite(x)):
             return float("nan")
