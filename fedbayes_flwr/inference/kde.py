@@ -377,7 +377,8 @@ def _matrix_kde(centres, root) -> MatrixKDE:
     return MatrixKDE(centres, root, inverse, centres @ inverse.T)
 
 
-def matrix_kde(particles, fraction: float = SMOOTH_FRACTION) -> MatrixKDE:
+def matrix_kde(particles, fraction: float = SMOOTH_FRACTION,
+               root: np.ndarray | None = None) -> MatrixKDE:
     """The variance-keeping KDE of :func:`smooth_kde` in the particles' own whitened coordinates:
     bandwidth matrix ``H = fraction * S`` (``S`` the sample covariance with a ``1e-8`` relative
     ridge; diagonal when ``N <= 2 d``) and centres pulled towards their mean by ``sqrt(1 -
@@ -398,12 +399,12 @@ def matrix_kde(particles, fraction: float = SMOOTH_FRACTION) -> MatrixKDE:
         cov = np.diag(np.diag(cov))
     scale = float(np.mean(np.diag(cov)))
     if not np.isfinite(scale) or scale <= 0:
-        return _matrix_kde(c, np.eye(d))
+        return _matrix_kde(c, np.eye(d) if root is None else root)
     cov = cov + 1e-8 * scale * np.eye(d)
     cov = cov + np.diag(np.where(np.diag(cov) > 1e-12 * scale, 0.0, scale))
     mean = c.mean(axis=0)
     return _matrix_kde(mean + np.sqrt(1.0 - fraction) * (c - mean),
-                       np.sqrt(fraction) * np.linalg.cholesky(cov))
+                       np.sqrt(fraction) * np.linalg.cholesky(cov) if root is None else root)
 
 
 def matrix_kde_score(x, kde: MatrixKDE, floor: float = 0.0) -> np.ndarray:
@@ -412,3 +413,26 @@ def matrix_kde_score(x, kde: MatrixKDE, floor: float = 0.0) -> np.ndarray:
     x = as_particles(x, "x")
     su = kde_score(x @ kde.inverse.T, kde.whitened, 1.0, floor)
     return su @ kde.inverse
+
+
+def matrix_ratio_kdes(numerators, denominators, pair_all: bool = False
+                      ) -> tuple[list[MatrixKDE], list[MatrixKDE]]:
+    """:func:`matrix_kde` of each set of ``prod KDE(numerators) / prod KDE(denominators)``, the
+    ``j``-th denominator with the ``j``-th numerator's kernel where that is wider (by trace) than
+    its own (the widest numerator's with ``pair_all``; its own without a partner), so the
+    ratio decays in the tails: see :func:`ratio_kdes` for why."""
+    num = [matrix_kde(c) for c in numerators]
+    if pair_all and num:
+        widest = max(num, key=lambda k: float(np.trace(k.root @ k.root.T)))
+        partners = [widest.root] * len(denominators)
+    else:
+        partners = [k.root for k in num[:len(denominators)]]
+        partners += [None] * (len(denominators) - len(partners))
+    def wide(k):
+        return float(np.sum(k.root * k.root))
+
+    den = []
+    for c, r in zip(denominators, partners, strict=True):
+        own = matrix_kde(c)
+        den.append(own if r is None or wide(own) >= float(np.sum(r * r)) else matrix_kde(c, root=r))
+    return num, den

@@ -109,8 +109,8 @@ from fedbayes_flwr.inference.kde import (
     KDE,
     kde_score,
     log_ratio_score,
-    matrix_kde,
     matrix_kde_score,
+    matrix_ratio_kdes,
     ratio_kdes,
     smooth_kde,
 )
@@ -521,8 +521,8 @@ def local_update(seed, factor: Factor, particles: np.ndarray, data, setup,
     floor = config.kde_floor
 
     if config.variant != "svgd" and _matrix(setup):
-        mnum = [matrix_kde(s) for s in [particles, *factor.denominators]]
-        mden = [matrix_kde(s) for s in factor.numerators]
+        mnum, mden = matrix_ratio_kdes([particles, *factor.denominators],
+                                       list(factor.numerators))
 
     def make_target(metric):
         if config.variant != "svgd" and _matrix(setup):
@@ -554,8 +554,8 @@ def distil(factor: Factor, old_global: np.ndarray, new_global: np.ndarray, setup
     if config.variant == "svgd":
         return factor
     if _matrix(setup):
-        mnum = [matrix_kde(s) for s in [new_global, *factor.numerators]]
-        mden = [matrix_kde(s) for s in [old_global, *factor.denominators]]
+        mnum, mden = matrix_ratio_kdes([new_global, *factor.numerators],
+                                       [old_global, *factor.denominators])
 
     def make_target(metric):
         if _matrix(setup):
@@ -589,7 +589,7 @@ def server_merge(old: np.ndarray, uploads: list[np.ndarray], setup,
     floor = setup.config.kde_floor
 
     if _matrix(setup):
-        mnum, mold = [matrix_kde(u) for u in uploads], matrix_kde(old)
+        mnum, (mold,) = matrix_ratio_kdes(uploads, [old], pair_all=True)
 
     def make_target(metric):
         if _matrix(setup):
