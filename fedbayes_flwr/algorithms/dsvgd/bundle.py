@@ -682,16 +682,14 @@ def _server_step(state: ServerState, replies, setup, rnd):
                      diagnostics=diagnostics))
 
 
-class ParticlePosterior(SamplePosterior):
-    """The global particles; the recorder adds their kernel Stein discrepancy to the target
+def _posterior(state: ServerState, setup):
+    """The global particles, flagged ``stein_diagnostic``: the recorder adds their kernel Stein
+    discrepancy to the target
     (:func:`fedbayes_flwr.evaluation.sample_quality.kernel_stein_discrepancy`) to each history
     row's diagnostics, so a collapsed or diverged cloud is visible without a reference."""
-
-    stein_diagnostic = True
-
-
-def _posterior(state: ServerState, setup):
-    return ParticlePosterior(state.particles)
+    posterior = SamplePosterior(state.particles)
+    posterior.stein_diagnostic = True  # type: ignore[attr-defined]
+    return posterior
 
 
 def _actions(setup) -> dict[str, ActionSpec]:
