@@ -426,10 +426,12 @@ def scaled_svgd(particles, score_fn: Callable[[np.ndarray], np.ndarray], iterati
 
 
 def guarded_svgd(run: Callable[[float], np.ndarray], start, retries: int = 3,
-                 shrink: float = 0.1) -> tuple[np.ndarray, LoopReport]:
+                 shrink: float = 0.1, check: Callable[[np.ndarray], str | None] | None = None
+                 ) -> tuple[np.ndarray, LoopReport]:
     """Run an SVGD loop ``run(step_factor)`` from ``start``; if its particles diverged
     (:func:`diverged`), roll back to ``start`` and rerun with the step ``shrink`` times smaller,
-    at most ``retries`` times.
+    at most ``retries`` times. ``check``: a further test of the end particles (a reason or
+    None), e.g. the bundle's bound in prior standard deviations.
 
     Returns
     -------
@@ -448,6 +450,8 @@ def guarded_svgd(run: Callable[[float], np.ndarray], start, retries: int = 3,
     for attempt in range(retries + 1):
         x = run(factor)
         why = diverged(start, x)
+        if why is None and check is not None:
+            why = check(x)
         if why is None:
             return x, LoopReport(factor, attempt, tuple(reasons))
         reasons.append(why)
