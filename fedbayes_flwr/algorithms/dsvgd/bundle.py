@@ -105,6 +105,7 @@ from fedbayes_flwr.algorithms.particles import (
     project,
 )
 from fedbayes_flwr.errors import ConfigError, RunStopped
+from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.kde import (
     KDE,
     kde_score,
@@ -544,8 +545,6 @@ def _far_from_prior(x: np.ndarray, setup) -> str | None:
         return None
     prior = setup.prior
     try:
-        from fedbayes_flwr.inference import gaussian as G
-
         mean, cov = G.to_moments(prior)
     except Exception:  # a prior without moments: no bound
         return None
