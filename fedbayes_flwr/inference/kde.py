@@ -325,3 +325,114 @@ def ratio_kdes(numerators, denominators, rule: str | float = "auto", paired: boo
         partners = [k.bandwidth for k in num[:len(den)]]
         partners += [0.0] * (len(den) - len(partners))
     return num, [shrink_kde(k, p) for k, p in zip(den, partners, strict=True)]
+
+
+#: ``smooth_kde``: the kernel's share of each coordinate's variance, ``h^2 = SMOOTH_FRACTION s^2``.
+SMOOTH_FRACTION = 0.75
+
+
+def smooth_kde(centres, fraction: float = SMOOTH_FRACTION, min_bandwidth: float = 0.0) -> KDE:
+    """A variance-keeping KDE whose kernel carries ``fraction`` of the particles' variance.
+
+    Bandwidth ``h = sqrt(fraction) s`` (``s^2`` the mean per-coordinate variance, ``ddof = 1``;
+    at least ``min_bandwidth``) and the centres pulled towards their mean by ``sqrt(1 - h^2 /
+    s^2)``, so the KDE's variance is ``s^2`` exactly (Silverman's shrunk smoothed bootstrap).
+    ``fraction -> 1`` is the moment-matched Gaussian, ``-> 0`` the particles themselves. Meant
+    for whitened coordinates (every coordinate's variance about ``s^2``). Far from every centre
+    ``log KDE ~ -||x - c||^2 / (2 h^2)``: with Scott's ``h`` (``0.73 s`` at ``N = 110, d = 11``)
+    a product of KDEs whose clouds do not overlap (P-DSVGD's merge of label-skewed clients)
+    weighs each factor with precision ``1 / h^2 = 1.9 / s^2`` instead of ``1 / s^2``.
+
+    References
+    ----------
+    Silverman (1986), "Density Estimation for Statistics and Data Analysis", Section 6.4.1.
+    """
+    c = as_particles(centres, "centres")
+    if c.shape[0] < 2:
+        return KDE(c, max(DEGENERATE_KDE_BANDWIDTH, min_bandwidth))
+    var = float(np.mean(c.var(axis=0, ddof=1)))
+    if not var > 0:
+        return KDE(c, max(DEGENERATE_KDE_BANDWIDTH, min_bandwidth))
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"fraction must lie in (0, 1), got {fraction}")
+    h2 = max(fraction * var, min_bandwidth ** 2)
+    a = np.sqrt(max(0.0, 1.0 - h2 / var))
+    mean = c.mean(axis=0)
+    return KDE(mean + a * (c - mean), float(np.sqrt(h2)))
+
+
+class MatrixKDE(NamedTuple):
+    """A Gaussian KDE with a full bandwidth matrix ``H = root root^T``: ``(1/N) sum_n N(x | c_n,
+    H)`` (see :func:`matrix_kde`); ``inverse = root^-1`` and ``whitened = centres @ inverse.T``
+    are kept (a matrix product per score instead of a triangular solve)."""
+
+    centres: np.ndarray
+    root: np.ndarray
+    inverse: np.ndarray
+    whitened: np.ndarray
+
+
+def _matrix_kde(centres, root) -> MatrixKDE:
+    inverse = np.linalg.inv(root)
+    return MatrixKDE(centres, root, inverse, centres @ inverse.T)
+
+
+def matrix_kde(particles, fraction: float = SMOOTH_FRACTION,
+               root: np.ndarray | None = None) -> MatrixKDE:
+    """The variance-keeping KDE of :func:`smooth_kde` in the particles' own whitened coordinates:
+    bandwidth matrix ``H = fraction * S`` (``S`` the sample covariance with a ``1e-8`` relative
+    ridge; diagonal when ``N <= 2 d``) and centres pulled towards their mean by ``sqrt(1 -
+    fraction)``, so the KDE's covariance is ``S`` exactly and its kernel follows the cloud's
+    scale and correlation.
+
+    References
+    ----------
+    Silverman (1986), Section 6.4.1 (shrunk smoothed bootstrap) and Section 4.2.1 (a kernel
+    shaped by the sample covariance, "sphering").
+    """
+    c = as_particles(particles)
+    n, d = c.shape
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"fraction must lie in (0, 1), got {fraction}")
+    cov = np.cov(c, rowvar=False, ddof=1).reshape(d, d) if n > 1 else np.eye(d)
+    if n <= 2 * d:
+        cov = np.diag(np.diag(cov))
+    scale = float(np.mean(np.diag(cov)))
+    if not np.isfinite(scale) or scale <= 0:
+        return _matrix_kde(c, np.eye(d) if root is None else root)
+    cov = cov + 1e-8 * scale * np.eye(d)
+    cov = cov + np.diag(np.where(np.diag(cov) > 1e-12 * scale, 0.0, scale))
+    mean = c.mean(axis=0)
+    return _matrix_kde(mean + np.sqrt(1.0 - fraction) * (c - mean),
+                       np.sqrt(fraction) * np.linalg.cholesky(cov) if root is None else root)
+
+
+def matrix_kde_score(x, kde: MatrixKDE, floor: float = 0.0) -> np.ndarray:
+    """Score ``grad_x log KDE(x)`` of a :class:`MatrixKDE` (:func:`kde_score` in the kernel's
+    whitened coordinates ``u = root^-1 x``, mapped back by ``root^-T``)."""
+    x = as_particles(x, "x")
+    su = kde_score(x @ kde.inverse.T, kde.whitened, 1.0, floor)
+    return su @ kde.inverse
+
+
+def matrix_ratio_kdes(numerators, denominators, pair_all: bool = False
+                      ) -> tuple[list[MatrixKDE], list[MatrixKDE]]:
+    """:func:`matrix_kde` of each set of ``prod KDE(numerators) / prod KDE(denominators)``, the
+    ``j``-th denominator with the ``j``-th numerator's kernel where that is wider (by trace) than
+    its own (the widest numerator's with ``pair_all``; its own without a partner), so the
+    ratio decays in the tails: see :func:`ratio_kdes` for why."""
+    num = [matrix_kde(c) for c in numerators]
+    if pair_all and num:
+        widest = max(num, key=lambda k: float(np.trace(k.root @ k.root.T)))
+        partners = [widest.root] * len(denominators)
+    else:
+        partners = [k.root for k in num[:len(denominators)]]
+        partners += [None] * (len(denominators) - len(partners))
+    def wide(k):
+        return float(np.sum(k.root * k.root))
+
+    den = []
+    for c, r in zip(denominators, partners, strict=True):
+        own = matrix_kde(c)
+        den.append(own if r is None or wide(own) >= float(np.sum(r * r)) else matrix_kde(c, root=r))
+    return num, den

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from fedbayes_flwr.evaluation.sample_quality import kernel_stein_discrepancy
 from fedbayes_flwr.inference.posterior import TracePosterior
 from fedbayes_flwr.runtime.checkpoint import Checkpoint, save
 from fedbayes_flwr.runtime.memory import format_bytes
@@ -72,6 +73,8 @@ class Recorder:
         if log.virtual_time is not None:
             row["virtual_time"] = log.virtual_time
         diagnostics = {**posterior.diagnostics(), **log.diagnostics}
+        if getattr(posterior, "stein_diagnostic", False):
+            diagnostics["ksd"] = self._ksd(posterior)
         if diagnostics:
             row["diagnostics"] = diagnostics
         self.history.append(row)
@@ -89,6 +92,21 @@ class Recorder:
         self._write()
         self._progress.update(update, row)
         return row
+
+    def _ksd(self, posterior) -> float:
+        """IMQ kernel Stein discrepancy of a particle posterior's particles to the target
+        posterior (the model's score on the pooled training rows; ``nan`` if not finite)."""
+        x = np.asarray(posterior.samples, dtype=np.float64)
+        if not np.all(np.isfinite(x)):
+            return float("nan")
+        ds, model = self.exp.dataset, self.exp.model
+        if not len(ds.x_train):
+            return float("nan")
+        prior = self.exp.prior
+        with np.errstate(all="ignore"):
+            _, scores = model.log_density_and_grad(x, ds.x_train, ds.y_train, prior=prior)
+            value = kernel_stein_discrepancy(x, np.asarray(scores, dtype=np.float64))
+        return round(value, 6) if np.isfinite(value) else float("nan")
 
     def checkpoint(self, update: int, server_state, client_states: tuple = (),
                    client_versions: tuple = (), virtual_time: float | None = None,

@@ -30,6 +30,7 @@ def _setup(bandwidth):
         "algorithm": "p-dsvgd", "model": "gaussian-mean", "dataset": "synthetic",
         "synthetic-dim": 2, "synthetic-size": 40, "num-clients": 4, "partition": "iid", "seed": 0,
         "dsvgd.num-particles": 12, "dsvgd.kde-bandwidth": str(bandwidth), "dsvgd.kde-floor": 0.0,
+        "dsvgd.kernel": "isotropic",
     })).setup
 
 
@@ -54,8 +55,9 @@ def _merge_target(monkeypatch, old, uploads, setup):
     """The score function :func:`server_merge` gives its SVGD loop (the loop itself not run)."""
     captured = {}
 
-    def capture(start, score_fn, iterations, setup):
-        captured["target"] = score_fn
+    def capture(start, make_target, iterations, setup, *args):
+        d = start.shape[1]  # the target in the isotropic kernel's coordinates: x itself
+        captured["target"] = make_target(dsvgd.Whitening(np.zeros(d), np.eye(d)))
         return start
 
     monkeypatch.setattr(dsvgd, "_loop", capture)
@@ -103,7 +105,8 @@ def test_p_dsvgd_merge_weight_on_the_default_bandwidth(monkeypatch):
     setup = build_experiment(parse_run_config({
         "algorithm": "p-dsvgd", "model": "gaussian-mean", "dataset": "synthetic",
         "synthetic-dim": 2, "synthetic-size": 40, "num-clients": 4, "partition": "iid",
-        "seed": 0, "dsvgd.num-particles": 12, "dsvgd.kde-floor": 0.0})).setup
+        "seed": 0, "dsvgd.num-particles": 12, "dsvgd.kde-floor": 0.0,
+        "dsvgd.kernel": "isotropic"})).setup
     built = {}
     original = dsvgd._ratio
 

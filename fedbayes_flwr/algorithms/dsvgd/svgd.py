@@ -207,7 +207,8 @@ def adagrad_step(state: AdagradState, phi, learning_rate: float, eps: float = 1e
 
 
 def svgd(particles, score_fn: Callable[[np.ndarray], np.ndarray], iterations: int, learning_rate: float,
-         eps: float = 1e-9, h: float | None = None, beta: float = ADAGRAD_BETA) -> np.ndarray:
+         eps: float = 1e-9, h: float | None = None, beta: float = ADAGRAD_BETA,
+         bandwidth_scale: float | None = None) -> np.ndarray:
     """Run one SVGD loop with the AdaGrad-with-momentum step.
 
     Each iteration: ``phi = svgd_direction(x, score_fn(x), h)`` (bandwidth recomputed from the
@@ -226,6 +227,9 @@ def svgd(particles, score_fn: Callable[[np.ndarray], np.ndarray], iterations: in
         See :func:`adagrad_step`.
     h : float, optional
         A fixed kernel bandwidth; ``None`` for the median heuristic at every iteration.
+    bandwidth_scale : float, optional
+        With ``h`` None: ``h = bandwidth_scale * med^2`` (:func:`median_bandwidth`) instead of
+        the median heuristic ``med^2 / log N``.
 
     Returns
     -------
@@ -242,7 +246,8 @@ def svgd(particles, score_fn: Callable[[np.ndarray], np.ndarray], iterations: in
     state = adagrad_init(x.shape)
     for t in range(int(iterations)):
         scores = np.asarray(score_fn(x), dtype=np.float64)
-        phi = svgd_direction(x, scores, h)
+        hh = h if h is not None or bandwidth_scale is None else median_bandwidth(x, bandwidth_scale)
+        phi = svgd_direction(x, scores, hh)
         state, delta = adagrad_step(state, phi, learning_rate, eps, first=(t == 0), beta=beta)
         x = x + delta
     return x
@@ -258,3 +263,198 @@ def svgd(particles, score_fn: Callable[[np.ndarray], np.ndarray], iterations: in
 # ---------------------------------------------------------------------------------------------------
 
 
+
+
+# ---------------------------------------------------------------------------------------------------
+# A metric that follows the particles, a step that shrinks with them, and a divergence guard
+# ---------------------------------------------------------------------------------------------------
+
+#: ``step = "scaled"``: the first step of a loop, as a fraction of the particles' current spread.
+SCALED_STEP = 0.1
+#: ``step = "scaled"``: the step decays as ``(1 + t / SCALED_STEP_HALF_LIFE)^(-1/2)``.
+SCALED_STEP_HALF_LIFE = 20.0
+#: ``h = MEDIAN_BANDWIDTH_SCALE * med^2``: the default kernel bandwidth (:func:`median_bandwidth`).
+MEDIAN_BANDWIDTH_SCALE = 1.0
+#: The divergence guard: a loop whose particles end with a spread this many times their spread at
+#: its start (in the loop's whitened coordinates, where the start's spread is 1), or with any
+#: particle farther than ``GUARD_RADIUS`` start spreads from the start's mean, diverged.
+GUARD_SPREAD = 10.0
+GUARD_RADIUS = 1e3
+
+
+class Whitening(NamedTuple):
+    """An affine map ``x = mean + z @ root.T`` and back (``root`` lower-triangular, ``root
+    root^T`` the metric ``Sigma``): SVGD and the KDEs run isotropically in ``z``, so in ``x`` their
+    kernels are Mahalanobis kernels with covariance ``Sigma`` (a constant preconditioner).
+
+    References
+    ----------
+    Wang, Tang, Bajaj & Liu (2019), "Stein Variational Gradient Descent with Matrix-Valued
+    Kernels", Section 3.2 (constant preconditioning matrix ``Q = Sigma^-1``: SVGD in the
+    whitened coordinates), eq. (12).
+    """
+
+    mean: np.ndarray
+    root: np.ndarray
+
+    def to_z(self, x) -> np.ndarray:
+        # a matrix product, not a triangular solve (scipy's is ~20 ms per call on a busy host)
+        return (np.asarray(x, np.float64) - self.mean) @ np.linalg.inv(self.root).T
+
+    def to_x(self, z) -> np.ndarray:
+        return self.mean + np.asarray(z, np.float64) @ self.root.T
+
+    def score_to_z(self, score_x) -> np.ndarray:
+        """``grad_z log p = root^T grad_x log p`` (the Jacobian of an affine map is constant)."""
+        return np.asarray(score_x, np.float64) @ self.root
+
+
+def whitening(sets, full: bool = True) -> Whitening:
+    """The metric of a list of ``(N_j, d)`` particle sets: their mean and the average of their
+    covariances (full when every set has more than ``2 d`` particles and ``full``, else diagonal,
+    plus a ``1e-8`` relative ridge).
+
+    With fewer than ``2 d`` particles a sample covariance is too noisy to whiten with (singular
+    below ``d + 1``); the diagonal metric still follows each coordinate's scale.
+    """
+    sets = [as_particles(s) for s in sets]
+    d = sets[0].shape[1]
+    mean = np.mean([s.mean(axis=0) for s in sets], axis=0)
+    use_full = full and all(s.shape[0] > 2 * d for s in sets)
+    covs = [np.cov(s, rowvar=False, ddof=1).reshape(d, d) if s.shape[0] > 1 else np.eye(d)
+            for s in sets]
+    cov = np.mean(covs, axis=0)
+    scale = float(np.mean(np.diag(cov)))
+    if not np.isfinite(scale) or scale <= 0.0:
+        return Whitening(mean, np.eye(d))
+    if not use_full:
+        cov = np.diag(np.diag(cov))
+    cov = cov + 1e-8 * scale * np.eye(d)
+    diag = np.diag(cov)
+    cov = cov + np.diag(np.where(diag > 1e-12 * scale, 0.0, scale))  # a coordinate without spread
+    return Whitening(mean, np.linalg.cholesky(cov))
+
+
+class LoopReport(NamedTuple):
+    """What :func:`guarded_svgd` did: the step factor it ended with (1 = none shrunk), the
+    attempts rolled back and why."""
+
+    step_factor: float
+    rollbacks: int
+    reasons: tuple
+
+
+def diverged(start, end) -> str | None:
+    """Why a loop's particles ``end`` (from ``start``, the same coordinates) diverged, or None.
+
+    Non-finite particles; a spread (mean per-coordinate sd) more than :data:`GUARD_SPREAD` times
+    the start's; a particle more than :data:`GUARD_RADIUS` start spreads from the start's mean.
+    A sound SVGD loop towards a posterior narrower than its start (every DSVGD target: the
+    particles start at the previous approximation and the target multiplies a likelihood in)
+    contracts; one that spreads ten-fold is stepping past its target.
+    """
+    if not np.all(np.isfinite(end)):
+        return "non-finite particles"
+    s0 = float(np.mean(np.std(start, axis=0, ddof=1))) if start.shape[0] > 1 else 1.0
+    s0 = s0 if s0 > 0 else 1.0
+    s1 = float(np.mean(np.std(end, axis=0, ddof=1))) if end.shape[0] > 1 else 0.0
+    if s1 > GUARD_SPREAD * s0:
+        return f"spread grew {s1 / s0:.3g}x"
+    radius = float(np.max(np.abs(end - start.mean(axis=0)))) / s0
+    if radius > GUARD_RADIUS:
+        return f"a particle {radius:.3g} spreads from the start"
+    return None
+
+
+def median_bandwidth(particles, scale: float = MEDIAN_BANDWIDTH_SCALE) -> float:
+    """``h = scale * med^2`` for the RBF kernel ``exp(-||x - x'||^2 / h)`` (``med`` the median
+    pairwise distance; :data:`DEGENERATE_RBF_BANDWIDTH` when it is zero or ``N = 1``).
+
+    The median heuristic ``med^2 / log N`` (:func:`rbf_bandwidth`) makes a typical pair's
+    kernel ``1 / N``; in more than a few dimensions the repulsion is then too weak and SVGD's
+    particles under-disperse (Ba et al. 2021). Measured on ``N(0, I_d)`` (600 iterations,
+    :func:`scaled_svgd`): sd ratio 0.64 at ``d = 11, N = 110`` and 0.44 at ``d = 20`` with the
+    median heuristic; 0.96 and 0.96 with ``h = med^2``.
+
+    References
+    ----------
+    Ba, Erdogdu, Ghassemi, Sun, Suzuki, Wu & Zhang (2021), "Understanding the Variance Collapse
+    of SVGD in High Dimensions", ICLR 2022 (the under-dispersion); Liu & Wang (2016), Section 5.
+    """
+    x = as_particles(particles)
+    if x.shape[0] < 2:
+        return DEGENERATE_RBF_BANDWIDTH
+    from scipy.spatial.distance import pdist
+
+    med = float(np.median(pdist(x)))
+    return positive(scale, "scale") * med * med if med > 0.0 else DEGENERATE_RBF_BANDWIDTH
+
+
+def scaled_svgd(particles, score_fn: Callable[[np.ndarray], np.ndarray], iterations: int,
+                relative: float = SCALED_STEP, half_life: float = SCALED_STEP_HALF_LIFE,
+                eps: float = 1e-9, beta: float = ADAGRAD_BETA,
+                project: Callable[[np.ndarray], np.ndarray] | None = None,
+                bandwidth_scale: float | None = None, t0: int = 0) -> np.ndarray:
+    """SVGD with AdaGrad-with-momentum whose rate follows the particles and decays.
+
+    Iteration ``t`` uses :func:`adagrad_step` with ``learning_rate = relative * s_t * (1 + t /
+    half_life)^(-1/2)``, ``s_t`` the particles' current spread (mean per-coordinate sd). The
+    AdaGrad step moves each coordinate by about its rate whatever the gradient's size, so a
+    constant rate leaves the particles jittering by that much at the fixed point (the reference
+    code's rule); a rate proportional to the spread keeps the jitter a fixed fraction of the
+    cloud (no absolute scale to tune), and the decay makes the loop settle (the total travel
+    ``sum_t rate_t`` still grows like ``sqrt(t)``). ``bandwidth_scale``: as in :func:`svgd`;
+    ``t0``: the decay's first ``t`` (a loop continued in new coordinates).
+
+    References
+    ----------
+    Liu & Wang (2016), Section 5 (AdaGrad for the SVGD step); Duchi, Hazan & Singer (2011),
+    "Adaptive Subgradient Methods" (the ``t^(-1/2)`` rate).
+    """
+    x = as_particles(particles).copy()
+    state = adagrad_init(x.shape)
+    for t in range(int(iterations)):
+        h = None if bandwidth_scale is None else median_bandwidth(x, bandwidth_scale)
+        phi = svgd_direction(x, np.asarray(score_fn(x), dtype=np.float64), h)
+        spread = float(np.mean(np.std(x, axis=0, ddof=1))) if x.shape[0] > 1 else 1.0
+        rate = relative * (spread if spread > 0 else 1.0) / np.sqrt(1.0 + (t + t0) / half_life)
+        state, delta = adagrad_step(state, phi, rate, eps, first=(t == 0), beta=beta)
+        x = x + delta
+        if project is not None:
+            x = project(x)
+    return x
+
+
+def guarded_svgd(run: Callable[[float], np.ndarray], start, retries: int = 3,
+                 shrink: float = 0.1, check: Callable[[np.ndarray], str | None] | None = None
+                 ) -> tuple[np.ndarray, LoopReport]:
+    """Run an SVGD loop ``run(step_factor)`` from ``start``; if its particles diverged
+    (:func:`diverged`), roll back to ``start`` and rerun with the step ``shrink`` times smaller,
+    at most ``retries`` times. ``check``: a further test of the end particles (a reason or
+    None), e.g. the bundle's bound in prior standard deviations.
+
+    Returns
+    -------
+    tuple of (numpy.ndarray, LoopReport)
+        The particles (those of the last attempt, diverged or not: the caller decides what a
+        loop that never recovered means, from ``LoopReport.reasons``' length ``retries + 1``)
+        and the report.
+
+    References
+    ----------
+    Nocedal & Wright (2006), "Numerical Optimization", Section 3.1 (backtracking: shrink the
+    step until the update is acceptable); the PVI bundle's divergence guard.
+    """
+    start = as_particles(start)
+    factor, reasons = 1.0, []
+    for attempt in range(retries + 1):
+        x = run(factor)
+        why = diverged(start, x)
+        if why is None and check is not None:
+            why = check(x)
+        if why is None:
+            return x, LoopReport(factor, attempt, tuple(reasons))
+        reasons.append(why)
+        if attempt < retries:
+            factor *= shrink
+    return x, LoopReport(factor, retries, tuple(reasons))
