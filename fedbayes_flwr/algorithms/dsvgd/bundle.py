@@ -364,7 +364,9 @@ def num_particles(setup) -> int:
     per_dim = setup.config.particles_per_dim
     if family != "other" or not per_dim:
         return AUTO_PARTICLES[family]
-    wanted = int(np.ceil(per_dim * setup.prior.dim))
+    dim = (setup.prior.dim if setup.prior is not None  # the memory guard's Setup has no prior
+           else setup.model.param_dim(setup.num_features))
+    wanted = int(np.ceil(per_dim * dim))
     return int(np.clip(wanted, AUTO_PARTICLES["other"], MAX_AUTO_PARTICLES))
 
 
