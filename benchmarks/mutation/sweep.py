@@ -76,7 +76,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "decentralized": {
         "modules": ["algorithms/decentralized/graphs.py", "algorithms/decentralized/mixing.py",
                     "algorithms/decentralized/routing.py"],
-        "tests": {"*": ["tests/algorithms/test_gossip.py",
+        "tests": {"*": ["tests/algorithms/test_gossip.py", "tests/algorithms/test_gossip_mutants.py",
                         "tests/algorithms/test_commit_routing.py"]},
     },
     "inference": {
@@ -109,7 +109,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 #: (module, line, operator, the mutated line stripped) -> why the mutant cannot change behaviour;
 #: these are listed in the JSON and left out of the score.
-EQUIVALENT: dict[tuple[str, int, str, str], str] = {}
+EQUIVALENT: dict[tuple[str, int, str, str], str] = {
+    ("algorithms/decentralized/graphs.py", 140, "core/ReplaceBinaryOperator_BitOr_BitXor",
+     "bad = ~((arr == 0) ^ (arr == 1))"):
+        "arr == 0 and arr == 1 are never both true, so their xor is their or",
+    ("algorithms/decentralized/graphs.py", 150, "core/ReplaceComparisonOperator_NotEq_Lt",
+     "asym = np.argwhere(arr < arr.T)"):
+        "a 0/1 matrix that is not symmetric has an entry with arr < arr.T (the transposed one of "
+        "each mismatch), so the same matrices are refused; the message names that pair, true too",
+    ("algorithms/decentralized/graphs.py", 303, "core/ReplaceComparisonOperator_Lt_LtE",
+     "upper = np.triu(rng.random((m, m)) <= p, k=1)"):
+        "a uniform double equals p with probability at most 2^-53 per entry: the same graphs",
+}
 
 MARKS = "not deployment and not docs and not slow and not flower"
 
@@ -341,8 +352,58 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             return 0
 
-        records = []
+        records: list[dict[str, Any]] = []
+
+        def write(complete: bool) -> dict[str, Any]:
+            per_module: dict[str, dict[str, int]] = {}
+            for r in records:
+                counts = per_module.setdefault(r["module"], {"killed": 0, "survived": 0, "timeout": 0,
+                                                             "equivalent": 0})
+                counts[r["outcome"]] += 1
+            tested = [r for r in records if r["outcome"] != "equivalent"]
+            detected = sum(r["outcome"] in ("killed", "timeout") for r in tested)
+            secs = [r["seconds"] for r in tested]
+            from importlib.metadata import version
+
+            result = {
+                "family": args.family,
+                "command": "nice -n 15 python benchmarks/mutation/sweep.py " + " ".join(
+                    a for a in (argv if argv is not None else sys.argv[1:]) if a != "--rerun"),
+                "rerun_of_survivors": args.rerun,
+                "tool": f"cosmic-ray {version('cosmic-ray')} (operators without arguments), "
+                        "pre-forked pytest runner",
+                "seed": args.seed,
+                "population": len(pop),
+                "annotation_mutants_excluded": {
+                    "count": len(full) - len(pop),
+                    "reason": "in a type annotation, which `from __future__ import annotations` keeps "
+                              "as a string nothing evaluates (equivalent)"},
+                "sampled": n,
+                "modules": family["modules"],
+                "tests": family["tests"],
+                "pytest_marks": MARKS,
+                "baseline_seconds": baseline,
+                "import_seconds": round(import_s, 2),
+                "seconds_per_mutant": round(sum(secs) / len(secs), 2) if secs else None,
+                "wall_seconds": round(time.perf_counter() - t0, 1),
+                "per_module": per_module,
+                "killed": sum(r["outcome"] == "killed" for r in tested),
+                "survived": sum(r["outcome"] == "survived" for r in tested),
+                "timeout": sum(r["outcome"] == "timeout" for r in tested),
+                "equivalent": [r for r in records if r["outcome"] == "equivalent"],
+                "score": round(detected / len(tested), 4) if tested else None,
+                "detected": detected,
+                "tested": len(tested),
+                "complete": complete,
+                "mutants": records,
+            }
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1) + "\n")
+            return result
+
         for i, m in enumerate(sample):
+            if i and i % 5 == 0:
+                write(False)  # a partial JSON ("complete": false) if the sweep is stopped
             path = scratch / PKG / m["module"]
             original = path.read_text()
             mutated = mutated_source(m, original)
@@ -387,50 +448,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    per_module: dict[str, dict[str, int]] = {}
-    for r in records:
-        counts = per_module.setdefault(r["module"], {"killed": 0, "survived": 0, "timeout": 0,
-                                                     "equivalent": 0})
-        counts[r["outcome"]] += 1
-    tested = [r for r in records if r["outcome"] != "equivalent"]
-    detected = sum(r["outcome"] in ("killed", "timeout") for r in tested)
-    secs = [r["seconds"] for r in tested]
-    from importlib.metadata import version
-
-    result = {
-        "family": args.family,
-        "command": "nice -n 15 python benchmarks/mutation/sweep.py " + " ".join(
-            a for a in (argv if argv is not None else sys.argv[1:]) if a != "--rerun"),
-        "rerun_of_survivors": args.rerun,
-        "tool": f"cosmic-ray {version('cosmic-ray')} (operators without arguments), "
-                "pre-forked pytest runner",
-        "seed": args.seed,
-        "population": len(pop),
-        "annotation_mutants_excluded": {
-            "count": len(full) - len(pop),
-            "reason": "in a type annotation, which `from __future__ import annotations` keeps "
-                      "as a string nothing evaluates (equivalent)"},
-        "sampled": n,
-        "modules": family["modules"],
-        "tests": family["tests"],
-        "pytest_marks": MARKS,
-        "baseline_seconds": baseline,
-        "import_seconds": round(import_s, 2),
-        "seconds_per_mutant": round(sum(secs) / len(secs), 2) if secs else None,
-        "wall_seconds": round(time.perf_counter() - t0, 1),
-        "per_module": per_module,
-        "killed": sum(r["outcome"] == "killed" for r in tested),
-        "survived": sum(r["outcome"] == "survived" for r in tested),
-        "timeout": sum(r["outcome"] == "timeout" for r in tested),
-        "equivalent": [r for r in records if r["outcome"] == "equivalent"],
-        "score": round(detected / len(tested), 4) if tested else None,
-        "mutants": records,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{args.family}: {detected}/{len(tested)} detected (score {result['score']}), "
-          f"{result['survived']} survived, {len(result['equivalent'])} equivalent, "
-          f"{result['seconds_per_mutant']} s per mutant -> {out}")
+    summary = write(True)
+    print(f"{args.family}: {summary['detected']}/{summary['tested']} detected (score "
+          f"{summary['score']}), {summary['survived']} survived, "
+          f"{len(summary['equivalent'])} equivalent, {summary['seconds_per_mutant']} s per "
+          f"mutant -> {out}")
     return 0
 
 
