@@ -16,7 +16,7 @@ Keras, flwr and pytest once (no TF op runs before the fork, and ``fedbayes_flwr`
 here), copies the working tree to a scratch directory once, and for each mutant writes the mutated
 module there and forks a child that runs ``pytest.main`` on the module's tests in that copy (no
 bytecode is written, so no stale ``.pyc`` can hide a mutant). One mutant runs at a time; a child
-that outlives ``--timeout`` (default: 3x the unmutated run + 10 s) is killed and the mutant counted
+that outlives ``--timeout`` (default: 4x the unmutated run + 30 s) is killed and the mutant counted
 as ``timeout``. Exit 0 is *survived*, a failing test (1) *killed*, any other status (collection
 or import error, a crash) *killed* with ``"error": true``.
 
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=None, help="sample only this module's mutants")
     parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per mutant (default: 3x the unmutated run + 10)")
+                        help="seconds per mutant (default: 4x the unmutated run + 30)")
     parser.add_argument("--list", action="store_true", help="print the population and stop")
     parser.add_argument("--baseline", action="store_true",
                         help="time the unmutated tests and stop")
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                 records.append(rec)
                 continue
             tests = tests_for(m["module"])
-            timeout = args.timeout or 3 * baseline[" ".join(tests)] + 10
+            timeout = args.timeout or 4 * baseline[" ".join(tests)] + 30
             path.write_text(mutated)
             log = logs / f"{i}.log"
             try:
