@@ -121,8 +121,8 @@ def test_the_averaging_matrix_of_257_agents_has_gap_one():
 def test_mix_refuses_a_non_square_matrix_and_a_scalar():
     """mixing.py mix: ``shape[0] != shape[1]`` -> ``<`` accepted (3, 2); ``vals.ndim < 1`` ->
     ``< 0`` let a scalar through to an IndexError."""
-    with pytest.raises(ValueError, match="square"):
-        mixmat.mix(np.ones((3, 2)) / 2, np.ones(3))
+    with pytest.raises(ValueError, match=r"mixing matrix must be square \(m, m\), got shape"):
+        mixmat.mix(np.ones((3, 2)) / 2, np.ones(3))  # (numpy's own error also says "square")
     with pytest.raises(ValueError, match="one entry per agent"):
         mixmat.mix(np.eye(2), 1.0)
 
