@@ -51,7 +51,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "pvi": {
         "modules": ["algorithms/pvi/step.py", "algorithms/pvi/server.py",
                     "algorithms/pvi/client.py", "algorithms/pvi/tempered.py"],
-        "tests": {"*": ["tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_exact.py",
+        "tests": {"*": ["tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_sweep.py",
+                        "tests/pvi/test_pvi_exact.py",
                         "tests/pvi/test_local_solver.py"]},
     },
     "dsvgd": {
@@ -120,6 +121,9 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
     ("algorithms/decentralized/graphs.py", 303, "core/ReplaceComparisonOperator_Lt_LtE",
      "upper = np.triu(rng.random((m, m)) <= p, k=1)"):
         "a uniform double equals p with probability at most 2^-53 per entry: the same graphs",
+    ("algorithms/pvi/client.py", 131, "core/ReplaceComparisonOperator_Gt_GtE", "if beta >= 0:"):
+        "at beta = 0 the proximal branch computes power 1 (tempered() returns the model itself) "
+        "and target (cavity + 0 q) * 1, which is the cavity to the bit: the else branch",
 }
 
 MARKS = "not deployment and not docs and not slow and not flower"
