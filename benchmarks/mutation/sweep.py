@@ -52,8 +52,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "modules": ["algorithms/pvi/step.py", "algorithms/pvi/server.py",
                     "algorithms/pvi/client.py", "algorithms/pvi/tempered.py"],
         "tests": {"*": ["tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_sweep.py",
-                        "tests/pvi/test_pvi_exact.py",
-                        "tests/pvi/test_local_solver.py"]},
+                        "tests/pvi/test_pvi_exact.py", "tests/pvi/test_local_solver.py"],
+                  # the server-held step search, guard and proximal weight: test_pvi_auto
+                  "algorithms/pvi/server.py": [
+                      "tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_sweep.py",
+                      "tests/pvi/test_pvi_exact.py", "tests/pvi/test_pvi_auto.py"],
+                  "algorithms/pvi/step.py": [
+                      "tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_auto.py"]},
     },
     "dsvgd": {
         "modules": ["algorithms/dsvgd/svgd.py"],

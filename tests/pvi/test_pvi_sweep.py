@@ -71,3 +71,32 @@ def test_proximal_undamped_change_is_the_closed_form(beta):
     np.testing.assert_allclose(reply.delta.eta1, new1 - cav1 - t_k.eta1, rtol=0, atol=1e-12)
     np.testing.assert_allclose(reply.delta.eta2, new2 - cav2 - t_k.eta2, rtol=0, atol=1e-12)
     assert reply.num_examples == 3
+
+
+def test_server_helpers_are_their_closed_forms():
+    """server.py: the default config (synchronous, damping auto, proximal auto) starts a
+    deterministic model at beta = 0 (``monte_carlo=False`` -> ``True`` gave 1); ``broadcast``
+    names round ``server_round + 1``; ``_with_factors`` is ``q`` times ``prod_k t_k' / t_k``
+    (natural parameters: q + sum(new) - sum(old)); with step memory the first step is
+    ``min(first-step, 2 * last)``."""
+    from fedbayes_flwr.algorithms.pvi import server as SV
+
+    prior = G.make(np.array([0.1, -0.3]), np.array([[-0.5, 0.0], [0.0, -0.5]]))
+    config = PVIConfig()
+    assert config.server_held and config.first_proximal(True) == 1.0
+    state = SV.init_server(prior, 3, config)
+    assert state.proximal == 0.0
+    assert SV.init_server(prior, 3, config, monte_carlo=True).proximal == 1.0
+    assert SV.broadcast(state._replace(server_round=4), 1).server_round == 5
+    rng = np.random.default_rng(0)
+    old = G.NaturalGaussian(rng.normal(size=(3, 2)), rng.normal(size=(3, 2, 2)))
+    new = G.NaturalGaussian(rng.normal(size=(3, 2)), rng.normal(size=(3, 2, 2)))
+    got = SV._with_factors(state._replace(factors=old), new)
+    np.testing.assert_allclose(got.eta1, prior.eta1 + new.eta1.sum(0) - old.eta1.sum(0),
+                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.eta2, prior.eta2 + new.eta2.sum(0) - old.eta2.sum(0),
+                               rtol=0, atol=1e-12)
+    memory = dataclasses.replace(config, step_memory=True)
+    assert memory.first_step == 1.0  # damping auto: rho = rho_s = 1
+    assert SV.round_first_step(state._replace(last_step=0.3), memory) == pytest.approx(0.6)
+    assert SV.round_first_step(state._replace(last_step=0.8), memory) == 1.0
