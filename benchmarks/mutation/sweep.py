@@ -129,6 +129,9 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
     ("algorithms/pvi/client.py", 131, "core/ReplaceComparisonOperator_Gt_GtE", "if beta >= 0:"):
         "at beta = 0 the proximal branch computes power 1 (tempered() returns the model itself) "
         "and target (cavity + 0 q) * 1, which is the cavity to the bit: the else branch",
+    ("algorithms/pvi/client.py", 131, "core/ReplaceComparisonOperator_Gt_NotEq", "if beta != 0:"):
+        "beta is never negative (PVIConfig refuses pvi.proximal < 0; the adaptive weight starts "
+        "at 0 or 1 and only grows), so != 0 is > 0",
 }
 
 MARKS = "not deployment and not docs and not slow and not flower"
