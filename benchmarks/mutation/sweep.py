@@ -132,6 +132,10 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
     ("algorithms/pvi/client.py", 131, "core/ReplaceComparisonOperator_Gt_NotEq", "if beta != 0:"):
         "beta is never negative (PVIConfig refuses pvi.proximal < 0; the adaptive weight starts "
         "at 0 or 1 and only grows), so != 0 is > 0",
+    ("algorithms/pvi/server.py", 138, "core/ReplaceComparisonOperator_Eq_LtE",
+     'if aa is None and config.acceleration <= "anderson":'):
+        "PVIConfig admits only 'none' and 'anderson'; 'none' <= 'anderson' is False and "
+        "'anderson' <= 'anderson' True: the same as ==",
 }
 
 MARKS = "not deployment and not docs and not slow and not flower"

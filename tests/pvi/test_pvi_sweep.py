@@ -100,3 +100,24 @@ def test_server_helpers_are_their_closed_forms():
     assert memory.first_step == 1.0  # damping auto: rho = rho_s = 1
     assert SV.round_first_step(state._replace(last_step=0.3), memory) == pytest.approx(0.6)
     assert SV.round_first_step(state._replace(last_step=0.8), memory) == 1.0
+
+
+def test_search_candidates_and_the_no_reply_round():
+    """server.py candidates: candidate 0 is the current q with step 0 (``[0.0, *steps]`` ->
+    ``[1.0, ...]``); with Anderson acceleration but no Anderson point (a later exchange of the
+    round) the appended copy of q is flagged improper, so it is never chosen
+    (``proper[-1] = False`` -> ``True``); search_step with no reply rolls back and counts the
+    exchange it made (``search + 1`` -> ``search ** 1`` said 0)."""
+    from fedbayes_flwr.algorithms.pvi import server as SV
+
+    prior = G.make(np.array([0.1, -0.3]), np.array([[-0.5, 0.0], [0.0, -0.5]]))
+    config = dataclasses.replace(PVIConfig(), acceleration="anderson")
+    state = SV.init_server(prior, 2, config)
+    cands = SV.candidates(state, config)
+    assert cands.steps[0] == 0.0 and np.isnan(cands.steps[-1])
+    np.testing.assert_array_equal(cands.posteriors.eta1[0], prior.eta1)
+    later = SV.candidates(state._replace(search=1), config)
+    assert later.anderson is None and not later.proper[-1] and later.proper[0]
+    _, info = SV.search_step(state, [], config, 2)
+    assert info.diagnostics["pvi_search_exchanges"] == 1
+    assert "rolled back" in info.diagnostics["pvi_guard"]
