@@ -136,6 +136,10 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
      'if aa is None and config.acceleration <= "anderson":'):
         "PVIConfig admits only 'none' and 'anderson'; 'none' <= 'anderson' is False and "
         "'anderson' <= 'anderson' True: the same as ==",
+    ("algorithms/pvi/server.py", 325, "core/ReplaceComparisonOperator_Eq_LtE",
+     'if config.acceleration <= "anderson":'):
+        "PVIConfig admits only 'none' and 'anderson'; 'none' <= 'anderson' is False and "
+        "'anderson' <= 'anderson' True: the same as ==",
 }
 
 MARKS = "not deployment and not docs and not slow and not flower"
