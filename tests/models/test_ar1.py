@@ -220,8 +220,9 @@ def test_federated_sampler_matches_the_exact_posterior(data, sampler):
 
 def test_bundle_in_process_with_the_flat_prior(tmp_path, data):
     """The paper's set-up through the generic engine: flat prior, 4 workers (10 trajectories
-    each), Zig-Zag to process time 5; it completes, saves the chains and scores the one-step
-    predictive on the test trajectories."""
+    each), Zig-Zag to process time 5; it completes, saves the chains, scores the one-step
+    predictive on the test trajectories: the RMSE is exactly the one-step predictor's at the
+    chains' mean (not at a mean 0.5 posterior sd away)."""
     result = run_in_process(parse_run_config({
         "algorithm": "pdmc", "model": "ar1-student-t", "dataset": "synthetic",
         "synthetic-size": 50, "synthetic-dim": K_STEPS, "num-clients": 4, "partition": "iid",
@@ -231,10 +232,21 @@ def test_bundle_in_process_with_the_flat_prior(tmp_path, data):
     last = result["history"][-1]
     assert last["process_time"] == 5.0
     assert all(n > 0 for n in last["diagnostics"]["events_by_worker"][1:])
-    # noise variance nu / (nu - 2) = 3: the one-step RMSE is about sqrt(3) ~ 1.7
-    assert np.isfinite(last["test_nll"]) and 1.0 < last["test_rmse"] < 3.0
-    saved = np.load(tmp_path / "posterior.npz")
-    assert saved["chains"].shape[0] == 16 and saved["chains"].shape[2] == 2
+    chains = np.load(tmp_path / "posterior.npz")["chains"]
+    assert chains.shape[0] == 16 and chains.shape[2] == 2
+    # the predictive mean c + x y_{i-1} is linear in (c, x): the RMSE is exactly the one-step
+    # predictor's at the chains' mean on the 10 test trajectories (rounding only)
+    est = chains.reshape(-1, 2).mean(0)
+    resid = data.x_test[:, 1:] - (est[0] + est[1] * data.x_test[:, :-1])
+    np.testing.assert_allclose(last["test_rmse"], np.sqrt(np.mean(resid**2)), rtol=1e-9)
+    assert np.isfinite(last["test_nll"])
+    # power: the predictor at a mean 0.5 posterior sd away gives another RMSE (well beyond 1e-9)
+    mean, var = _grid_posterior(StudentTAR1(data.x_train, NU))
+    off = est + 0.5 * np.sqrt(var)
+    resid_off = data.x_test[:, 1:] - (off[0] + off[1] * data.x_test[:, :-1])
+    assert abs(np.sqrt(np.mean(resid_off**2)) - last["test_rmse"]) > 1e-6 * last["test_rmse"]
+    # (the chains' accuracy against the grid posterior is test_federated_sampler_matches_...;
+    # here, from the over-dispersed start with 10% burn-in of T = 5, it is not asserted)
 
 
 def test_one_step_predictive(model, data):
