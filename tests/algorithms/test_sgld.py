@@ -246,13 +246,22 @@ def test_presets():
 
 
 @pytest.mark.parametrize("algorithm", ["sgld", "dsgld"])
-def test_both_names_run_end_to_end(tmp_path, algorithm):
+def test_both_names_run_end_to_end_and_save_the_chains_they_ran(tmp_path, algorithm):
+    """The CLI's engine on breast-cancer: both names complete, and ``posterior.npz`` holds
+    exactly the chains the bundle's own steps produce for that config (``iterate_in_process``,
+    compared bit for bit: what a user loads is what was sampled; the chains' law is the first
+    test's)."""
     out = tmp_path / algorithm
-    result = run_in_process(parse_run_config({
-        "algorithm": algorithm, "model": "logistic-regression", "dataset": "breast-cancer",
-        "num-rounds": 2, "sgld.num-chains": 6, "sgld.steps-per-round": 20,
-        "output-dir": str(out)}), progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = parse_run_config({
+            "algorithm": algorithm, "model": "logistic-regression", "dataset": "breast-cancer",
+            "num-rounds": 2, "sgld.num-chains": 6, "sgld.steps-per-round": 20,
+            "output-dir": str(out)})
+    result = run_in_process(config, progress=False)
     assert result["outcome"] == "completed" and [h["round"] for h in result["history"]] == [1, 2]
     with np.load(out / "posterior.npz") as post:
         samples = post["samples"]
-    assert samples.shape[0] == 6 and np.all(np.isfinite(samples))
+    final = _states(build_experiment(config))[-1][0].chains
+    assert samples.shape == final.shape == (6, 31)
+    np.testing.assert_array_equal(samples, final)
