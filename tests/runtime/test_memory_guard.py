@@ -59,12 +59,17 @@ def test_dsvgd_with_many_particles_is_refused_naming_the_particles(monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 2**30)  # 1 GiB
     keys = {"algorithm": "dsvgd", "model": "gaussian-mean", "dataset": "synthetic",
             "synthetic-dim": 1000, "synthetic-size": 30, "num-clients": 3,
-            "dsvgd.num-particles": 20_000}
+            "dsvgd.num-particles": 20_000, "dsvgd.kernel": "isotropic"}
     # ((2 K + 6) N d + 4 N^2) x 8 bytes = (12 x 2e7 + 1.6e9) x 8 = 14.7 GB = 13.7 GiB
     with pytest.raises(ConfigError, match=r"memory: dsvgd needs about 13\.7 GiB \(\(2 K \+ 6\) "
                                           r"N d \+ 4 N\^2 float64s, K = 3, N = 20000, d = 1000\) "
                                           r"but 1 GiB is available .*dsvgd\.num-particles"):
         build_experiment(parse_run_config(keys))
+    # the default kernel at d = 1000 is the whitened one: 3 (K + 2) d^2 = 1.5e7 float64s more
+    # (0.12 GB: 13.8 GiB), and the alternative names the isotropic kernel
+    with pytest.raises(ConfigError, match=r"memory: dsvgd needs about 13\.8 GiB .* \+ 3 \(K \+ 2\) "
+                                          r"d\^2 \(kernel mahalanobis\) .*dsvgd\.kernel='isotropic'"):
+        build_experiment(parse_run_config({**keys, "dsvgd.kernel": "auto"}))
     # the same run with the memory it needs goes on
     monkeypatch.setattr(memory, "available_bytes", lambda: 2**40)
     assert build_experiment(parse_run_config(keys)).setup.prior.dim == 1000

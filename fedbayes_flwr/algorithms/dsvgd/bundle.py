@@ -64,7 +64,7 @@ the scores of KDE ratios diverge on second visits (gaussian-mean, d = 2, 10 clie
 settings, kept as the ``*-paper`` presets (``dsvgd.kernel = "isotropic"``, the paper's bandwidth
 and fixed AdaGrad step). With ``auto`` and ``d >= 3`` the defaults differ:
 
-- ``dsvgd.kernel = "matrix"``: SVGD runs in coordinates whitened by the particles' covariance
+- ``dsvgd.kernel = "mahalanobis"``: SVGD runs in coordinates whitened by the particles' covariance
   (Wang et al. 2019), and the KDE factors use kernels shaped by each particle set's own
   covariance (:func:`fedbayes_flwr.inference.kde.matrix_kde`). The server's merge no longer
   floors the clients' terms, which is what made P-DSVGD's particles explode on non-overlapping
@@ -173,6 +173,10 @@ SVGD_BANDWIDTHS = ("auto", "median", "median-log")
 #: error 0.38 sd with the new, within 0.19 with the paper's; ``mixture-1d``: KL 0.39 against
 #: 0.03, the covariance-shaped KDE merges the modes).
 MODERN_MIN_DIM = 3
+#: ... and at most this many: the whitened kernels hold d x d matrices (a covariance, its
+#: Cholesky factor and inverse per particle set) and cost O(d^3) per metric; above it ``auto``
+#: keeps the paper's isotropic kernels (a 784-100-10 network has d = 79,510: 47 GiB per matrix).
+MODERN_MAX_DIM = 1000
 
 
 class Settings(NamedTuple):
@@ -185,9 +189,12 @@ class Settings(NamedTuple):
 
 def settings(setup) -> Settings:
     """Resolve the ``auto`` values of ``kernel``, ``svgd-bandwidth`` and ``step`` (see
-    :data:`MODERN_MIN_DIM`)."""
+    :data:`MODERN_MIN_DIM`, :data:`MODERN_MAX_DIM`)."""
     c = setup.config
-    modern = model_family(setup.model) == "other" and setup.prior.dim >= MODERN_MIN_DIM
+    dim = (setup.prior.dim if setup.prior is not None  # the memory guard's Setup has no prior
+           else setup.model.param_dim(setup.num_features))
+    modern = (model_family(setup.model) == "other"
+              and MODERN_MIN_DIM <= dim <= MODERN_MAX_DIM)
     return Settings(c.kernel if c.kernel != "auto" else ("mahalanobis" if modern else "isotropic"),
                     c.svgd_bandwidth if c.svgd_bandwidth != "auto" else (
                         "median" if modern else "median-log"),
@@ -491,8 +498,7 @@ def _metric(sets, setup) -> Whitening:
     (``kernel = mahalanobis``) or the identity (``isotropic``, the paper: ``z = x`` exactly)."""
     if settings(setup).kernel == "mahalanobis":
         return whitening(sets)
-    d = np.asarray(sets[0]).shape[1]
-    return Whitening(np.zeros(d), np.eye(d))
+    return Whitening.identity(np.asarray(sets[0]).shape[1])
 
 
 def _model_score(metric: Whitening, fn):
@@ -814,12 +820,20 @@ def _memory_estimate(setup) -> MemoryEstimate:
     """The particle sets DSVGD holds: the global set, each client's local set and its factor's
     KDE particles, and the SVGD loop's working sets (scores, direction, AdaGrad state, the
     distillation target): ``(2 K + 6) N d`` float64s, plus ``4 N^2`` for the kernel matrices
-    (the SVGD kernel and the KDE ratios). U-DSVGD's factors grow by two sets per visit on top."""
+    (the SVGD kernel and the KDE ratios). U-DSVGD's factors grow by two sets per visit on top.
+    With ``kernel = mahalanobis`` each KDE factor and loop metric also holds ``d x d`` matrices
+    (a covariance, its Cholesky factor and inverse): ``3 (K + 2) d^2`` more."""
     k, n = setup.num_clients, num_particles(setup)
     d = setup.model.param_dim(setup.num_features)
-    nbytes = ((2 * k + 6) * n * d + 4 * n * n) * 8
-    return MemoryEstimate(nbytes, f"(2 K + 6) N d + 4 N^2 float64s, K = {k}, N = {n}, d = {d}",
-                          "use fewer particles (dsvgd.num-particles) or fewer clients")
+    count = (2 * k + 6) * n * d + 4 * n * n
+    formula = "(2 K + 6) N d + 4 N^2"
+    alternative = "use fewer particles (dsvgd.num-particles) or fewer clients"
+    if settings(setup).kernel == "mahalanobis":
+        count += 3 * (k + 2) * d * d
+        formula += " + 3 (K + 2) d^2 (kernel mahalanobis)"
+        alternative = "use dsvgd.kernel='isotropic' (no d x d matrices) or fewer particles"
+    return MemoryEstimate(count * 8, f"{formula} float64s, K = {k}, N = {n}, d = {d}",
+                          alternative)
 
 
 BUNDLE = Bundle(
