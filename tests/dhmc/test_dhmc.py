@@ -146,13 +146,24 @@ def _exact_linear(exp):
     return mean, np.diag(cov)
 
 
-@pytest.mark.parametrize("step", [0.04, 0.02])
-def test_linear_regression_on_a_ring_matches_the_exact_posterior(tmp_path, step):
-    """Row split over a ring of 5, fixed step sizes: pooled mean within 4 MCSE and variance
-    within 4 MCSE plus a consensus allowance of 5% that the smaller step shrinks; consensus
-    error below 1% of the posterior variance."""
-    keys = {**RING, "dhmc.adapt": False, "dhmc.step-size": step, "dhmc.warmup": 50,
-            "dhmc.iterations": 400, "output-dir": str(tmp_path)}
+@pytest.mark.parametrize(("step", "mean_shift", "var_scale"), [(0.04, 0.5, 1.5), (0.02, 1.0, 2.0)])
+def test_linear_regression_on_a_ring_matches_the_exact_posterior(tmp_path, step, mean_shift,
+                                                                 var_scale):
+    """Row split over a ring of 5, fixed step sizes: pooled mean and variance within 4 MCSE of
+    the conjugate posterior, no allowance; consensus error below 1e-6.
+
+    Why no allowance (it was 5%, "consensus"): the Taylor energy is exact on a Gaussian target,
+    the trackers keep their sum exact, and at exact consensus the sampler makes centralized
+    HMC's moves (``test_dhmc_baselines``); the agents' disagreement, relative to the pooled
+    variance, is the consensus error, asserted below 1e-6 (measured 2e-9 and 3e-11). The miss
+    the allowance hid (variance 4.2 MCSE off at step 0.02, 50 warm-up iterations) was the
+    transient from the prior start: 150 warm-up and 300 kept iterations (the same 450 as
+    before) remove it. 4 MCSE: mean ``sqrt(var / ESS)``, variance ``sqrt(2 / ESS)`` of the
+    squared deviations. Power: 4 MCSE is ~0.2 sd / ~0.19 (step 0.04) and ~0.35-0.5 sd / ~0.39
+    (step 0.02), so the same assertions against the mean moved by ``mean_shift`` sd and the
+    variance scaled by ``var_scale`` (above 8 MCSE) fail in every coordinate (checked below)."""
+    keys = {**RING, "dhmc.adapt": False, "dhmc.step-size": step, "dhmc.warmup": 150,
+            "dhmc.iterations": 300, "output-dir": str(tmp_path)}
     result = run_in_process(parse_run_config(keys), progress=False)
     exp = build_experiment(parse_run_config({**RING, "output-dir": "unused"}))
     mean, var = _exact_linear(exp)
@@ -164,9 +175,16 @@ def test_linear_regression_on_a_ring_matches_the_exact_posterior(tmp_path, step)
     sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
     assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess)), (flat.mean(0), mean)
     rel = np.abs(flat.var(0) / var - 1)
-    assert np.all(rel <= 4 * np.sqrt(2 / sq_ess) + 0.05), rel
     row = result["history"][-1]
-    assert row["consensus_error"] < 0.01
+    print(f"step {step}: mean error {((flat.mean(0) - mean) / np.sqrt(var / ess)).round(2)} MCSE,"
+          f" variance error {(rel / np.sqrt(2 / sq_ess)).round(2)} MCSE, 4 MCSE mean "
+          f"{(4 / np.sqrt(ess)).round(3)} sd, var {(4 * np.sqrt(2 / sq_ess)).round(3)}, "
+          f"consensus {row['consensus_error']:.1e}")
+    assert np.all(rel <= 4 * np.sqrt(2 / sq_ess)), rel
+    assert row["consensus_error"] < 1e-6
+    shifted = mean + mean_shift * np.sqrt(var)
+    assert np.all(np.abs(flat.mean(0) - shifted) > 4 * np.sqrt(var / ess))
+    assert np.all(np.abs(flat.var(0) / (var_scale * var) - 1) > 4 * np.sqrt(2 / sq_ess))
     print(f"step {step}: variance error {rel.round(3)}, acceptance {row['acceptance_rate']:.2f},"
           f" local disagreement {row['disagreement_rate']:.3f}")
 
