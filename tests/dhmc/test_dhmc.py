@@ -2,8 +2,8 @@
 
 Tolerances from the maths: the Taylor energy term is exact for quadratic potentials (rounding
 only) and its error is third order in the step; pooled moments are compared within 4 Monte Carlo
-standard errors (ESS across independent chains, never across agents) plus a stated consensus
-allowance.
+standard errors (ESS across independent chains, never across agents), with no allowance: the
+consensus error is asserted negligible, and ULA is compared with its exact (linear) mean path.
 """
 
 from __future__ import annotations

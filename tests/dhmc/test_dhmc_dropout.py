@@ -3,8 +3,8 @@ the mixing-round schedule.
 
 Tolerances from the maths: after the drop the chains sample the posterior of the survivors'
 data (conjugate, known exactly); pooled moments within 4 Monte Carlo standard errors (ESS across
-independent chains) plus the 5% variance allowance for the consensus bias used by the ring test
-in ``test_dhmc.py``.
+independent chains); the continue-after-dropout test still adds a 5% variance allowance (not
+derived; the ring test in ``test_dhmc.py`` and the leapfrog test here no longer need one).
 """
 
 from __future__ import annotations
