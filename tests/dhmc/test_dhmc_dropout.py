@@ -3,8 +3,8 @@ the mixing-round schedule.
 
 Tolerances from the maths: after the drop the chains sample the posterior of the survivors'
 data (conjugate, known exactly); pooled moments within 4 Monte Carlo standard errors (ESS across
-independent chains); the continue-after-dropout test still adds a 5% variance allowance (not
-derived; the ring test in ``test_dhmc.py`` and the leapfrog test here no longer need one).
+independent chains), no allowance: the consensus error, which bounds the agents' disagreement,
+is asserted negligible against them.
 """
 
 from __future__ import annotations
@@ -56,7 +56,16 @@ def test_dropout_continues_on_the_remaining_ring_and_samples_the_survivors_poste
     ess = SamplePosterior(chains).ess()
     sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
     assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess)), (flat.mean(0), mean)
-    assert np.all(np.abs(flat.var(0) / var - 1) <= 4 * np.sqrt(2 / sq_ess) + 0.05)
+    # No variance allowance (it was 5%, "consensus"): the remaining agents' disagreement,
+    # relative to the pooled variance, is the consensus error, asserted below 1e-4 (measured
+    # 8e-6 on the path of 4), far below 4 MCSE = 4 sqrt(2 / ESS of the squared deviations)
+    # ~0.2 here; measured variance errors within 1 MCSE. Power: the same assertion against the
+    # variance scaled by 2 (above 8 MCSE) fails in every coordinate; the mean's power is the
+    # full-data check below.
+    rel = flat.var(0) / var
+    assert np.all(np.abs(rel - 1) <= 4 * np.sqrt(2 / sq_ess)), (rel, sq_ess)
+    assert result["history"][-1]["consensus_error"] < 1e-4
+    assert np.all(np.abs(rel / 2.0 - 1) > 4 * np.sqrt(2 / sq_ess))
     # the check can fail: the full data's posterior mean is distinguishable at this ESS
     assert np.any(np.abs(flat.mean(0) - full_mean) > 4 * np.sqrt(var / ess)), (
         "the survivors' and the full posterior coincide here: the test would not see a mistake")
