@@ -3,8 +3,8 @@ the mixing-round schedule.
 
 Tolerances from the maths: after the drop the chains sample the posterior of the survivors'
 data (conjugate, known exactly); pooled moments within 4 Monte Carlo standard errors (ESS across
-independent chains) plus the 5% variance allowance for the consensus bias used by the ring test
-in ``test_dhmc.py``.
+independent chains), no allowance: the consensus error, which bounds the agents' disagreement,
+is asserted negligible against them.
 """
 
 from __future__ import annotations
@@ -56,7 +56,16 @@ def test_dropout_continues_on_the_remaining_ring_and_samples_the_survivors_poste
     ess = SamplePosterior(chains).ess()
     sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
     assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess)), (flat.mean(0), mean)
-    assert np.all(np.abs(flat.var(0) / var - 1) <= 4 * np.sqrt(2 / sq_ess) + 0.05)
+    # No variance allowance (it was 5%, "consensus"): the remaining agents' disagreement,
+    # relative to the pooled variance, is the consensus error, asserted below 1e-4 (measured
+    # 8e-6 on the path of 4), far below 4 MCSE = 4 sqrt(2 / ESS of the squared deviations)
+    # ~0.2 here; measured variance errors within 1 MCSE. Power: the same assertion against the
+    # variance scaled by 2 (above 8 MCSE) fails in every coordinate; the mean's power is the
+    # full-data check below.
+    rel = flat.var(0) / var
+    assert np.all(np.abs(rel - 1) <= 4 * np.sqrt(2 / sq_ess)), (rel, sq_ess)
+    assert result["history"][-1]["consensus_error"] < 1e-4
+    assert np.all(np.abs(rel / 2.0 - 1) > 4 * np.sqrt(2 / sq_ess))
     # the check can fail: the full data's posterior mean is distinguishable at this ESS
     assert np.any(np.abs(flat.mean(0) - full_mean) > 4 * np.sqrt(var / ess)), (
         "the survivors' and the full posterior coincide here: the test would not see a mistake")
@@ -139,8 +148,18 @@ def test_the_wall_clock_cap_ends_as_time_limit(tmp_path):
 def test_several_leapfrog_steps_sample_the_exact_posterior(tmp_path):
     """``dhmc.leapfrog-steps = 3`` on the ring of 5 (row split): the trajectory's mixing and
     tracking phases repeat at every position (``2 s L + D`` exchanges per iteration) and the
-    pooled moments match the conjugate posterior (4 MCSE, plus the ring test's 5% variance
-    allowance)."""
+    pooled moments match the conjugate posterior within 4 MCSE, no allowance.
+
+    Why none: on a Gaussian target the Taylor energy is exact and the trackers keep
+    ``sum_i y_i = sum_i grad U_i`` to rounding, and at exact consensus the sampler makes
+    centralized HMC's moves to rounding (``test_dhmc_baselines``), which is exact; the only
+    departure is the agents' disagreement, whose variance relative to the pooled samples' is the
+    consensus error, asserted below 1e-6 (measured 7e-9 with 5 mixing rounds), so any bias it
+    causes is far below the 4 MCSE (~0.09 relative for the variance, ~0.085 sd for the mean,
+    ESS ~2,200 and ~3,800 over 16 chains). 4 MCSE: mean ``sqrt(var / ESS)``, variance
+    ``sqrt(2 / ESS of the squared deviations)`` (Gaussian fourth moment). Power: a shift is
+    caught for sure above 8 MCSE, so the same assertions against the mean moved by 0.2 sd and
+    against the variance scaled by 1.2 fail in every coordinate (checked below)."""
     keys = {**RING, "dhmc.leapfrog-steps": 3, "dhmc.step-size": 0.03, "dhmc.iterations": 300,
             "output-dir": str(tmp_path)}
     result = run_in_process(parse_run_config(keys), progress=False)
@@ -155,7 +174,10 @@ def test_several_leapfrog_steps_sample_the_exact_posterior(tmp_path):
     ess = SamplePosterior(chains).ess()
     sq_ess = SamplePosterior((chains - flat.mean(0)) ** 2).ess()
     assert np.all(np.abs(flat.mean(0) - mean) <= 4 * np.sqrt(var / ess)), (flat.mean(0), mean)
-    assert np.all(np.abs(flat.var(0) / var - 1) <= 4 * np.sqrt(2 / sq_ess) + 0.05)
-    assert row["consensus_error"] < 0.01 and row["acceptance_rate"] > 0.5
+    assert np.all(np.abs(flat.var(0) / var - 1) <= 4 * np.sqrt(2 / sq_ess)), flat.var(0) / var
+    assert row["consensus_error"] < 1e-6 and row["acceptance_rate"] > 0.5
+    shifted = mean + 0.2 * np.sqrt(var)
+    assert np.all(np.abs(flat.mean(0) - shifted) > 4 * np.sqrt(var / ess))
+    assert np.all(np.abs(flat.var(0) / (1.2 * var) - 1) > 4 * np.sqrt(2 / sq_ess))
     with pytest.raises(ConfigError, match="dhmc.leapfrog-steps"):
         parse_run_config({**RING, "dhmc.leapfrog-steps": 2, "dhmc.energy": "taylor"})
