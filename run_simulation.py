@@ -222,7 +222,7 @@ def build_overrides(args: argparse.Namespace) -> dict:
     if args.optimise_prior:
         overrides["optimise-prior"] = True  # resolves to the algorithm's section (pvi.*)
     for key in ("data", "output-dir"):  # Ray workers do not share our working directory
-        if overrides.get(key):
+        if overrides.get(key) and isinstance(overrides[key], str):  # else: the config's error
             overrides[key] = os.path.abspath(overrides[key])
     return overrides
 
