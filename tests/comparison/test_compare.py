@@ -144,6 +144,7 @@ def test_reference_agrees_with_an_outside_nuts_and_figures_recompute(tmp_path, r
     # sd / sqrt(ESS) (ESS >= 3,000 each: 0.018 sd), so their difference has sd 0.026 and 0.05 is
     # 2 of those; each sd's relative error is 1 / sqrt(2 ESS) (0.013), the difference's 0.018,
     # and 5 % is 2.7 of those
+    assert np.min(outside.ess) >= 3000 and cmp.reference.diagnostics["ess_min"] >= 3000
     out_draws = outside.draws
     out_mean, out_std = out_draws.mean(axis=0), out_draws.std(axis=0, ddof=1)
     assert np.all(np.abs(cmp.reference.mean - out_mean) / out_std <= 0.05), (
