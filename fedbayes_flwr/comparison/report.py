@@ -9,7 +9,6 @@ refused and failed ones last with their reasons. Files are replaced atomically.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -18,8 +17,9 @@ import numpy as np
 
 from fedbayes_flwr.comparison.reference import ReferencePosterior
 from fedbayes_flwr.comparison.table import markdown_table
+from fedbayes_flwr.runtime.recorder import write_json
 
-__all__ = ["write_report"]
+__all__ = ["write_reference", "write_report"]
 
 def _reference_json(ref: ReferencePosterior | None) -> dict:
     if ref is None:
@@ -53,20 +53,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def write_reference(output_dir: str, reference: ReferencePosterior) -> None:
+    """``reference.npz`` (``draws``, ``mean``, ``std``) when the reference has draws."""
+    if reference.draws is not None and reference.mean is not None and reference.std is not None:
+        os.makedirs(output_dir, exist_ok=True)
+        np.savez(os.path.join(output_dir, "reference.npz"), draws=reference.draws,
+                 mean=reference.mean, std=reference.std)
+
+
 def write_report(output_dir: str, reference: ReferencePosterior | None, rows: list[dict],
                  run_config: dict, figure: bool = False,
                  posteriors: dict | None = None) -> None:
-    """Write ``compare.json``, ``compare.md`` (and ``compare.png`` when ``figure``) and, once,
-    ``reference.npz`` with the reference's draws; ``posteriors`` (``{algorithm: posterior}``)
-    feed the figure's marginals."""
+    """Write ``compare.json``, ``compare.md`` (and ``compare.png`` when ``figure``);
+    ``posteriors`` (``{algorithm: posterior}``) feed the figure's marginals. The reference's
+    draws are written once, by :func:`write_reference`."""
     os.makedirs(output_dir, exist_ok=True)
-    if (reference is not None and reference.draws is not None and reference.mean is not None
-            and reference.std is not None):
-        path = os.path.join(output_dir, "reference.npz")
-        np.savez(path, draws=reference.draws, mean=reference.mean, std=reference.std)
     config = {k: v for k, v in run_config.items() if isinstance(v, str | int | float | bool)}
     doc = {"reference": _reference_json(reference), "algorithms": rows, "run_config": config}
-    _atomic_write(os.path.join(output_dir, "compare.json"), json.dumps(_plain(doc), indent=2))
+    write_json(os.path.join(output_dir, "compare.json"), _plain(doc))
     ref_line = ("reference: " + (reference.kind if reference else "pending")
                 + ("" if reference is None or "reason" not in reference.diagnostics
                    else f" ({reference.diagnostics['reason']})"))

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from fedbayes_flwr.algorithms import registry
 from fedbayes_flwr.api import _register, _write_data, fit
 from fedbayes_flwr.comparison.reference import ReferencePosterior, reference_posterior
-from fedbayes_flwr.comparison.report import write_report
+from fedbayes_flwr.comparison.report import write_reference, write_report
 from fedbayes_flwr.comparison.scores import score_run
 from fedbayes_flwr.comparison.table import sort_rows
 from fedbayes_flwr.errors import ConfigError
@@ -168,6 +168,7 @@ def compare(config: Mapping[str, Any], algorithms: str | Sequence[str] = "all", 
             if experiment is None:  # the data, model and prior of every run: same for all
                 experiment = build_experiment(parse_run_config(sub))
                 ref = reference_posterior(experiment, reference, cache_dir=cache_dir)
+                write_reference(output_dir, ref)
             assert ref is not None
             row = {"algorithm": name, **score_run(result, posterior, ref, experiment, wall)}
             if result.get("reason"):
