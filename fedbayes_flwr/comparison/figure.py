@@ -5,14 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from fedbayes_flwr.comparison.reference import ReferencePosterior  # noqa: E402
-from fedbayes_flwr.comparison.table import sort_rows  # noqa: E402
+from fedbayes_flwr.comparison.reference import ReferencePosterior
+from fedbayes_flwr.comparison.table import sort_rows
+from fedbayes_flwr.evaluation.plots import _pyplot, _save
 
 __all__ = ["MARGINALS", "comparison_figure", "save_comparison_figure"]
 
@@ -44,7 +41,7 @@ def comparison_figure(reference: ReferencePosterior, rows: list[dict],
     if reference.draws is not None:
         marginals = min(MARGINALS, reference.draws.shape[1])
     cols = max(marginals, 2)
-    fig, axes = plt.subplots(2, cols, figsize=(3.2 * cols, 6.0), squeeze=False)
+    fig, axes = _pyplot().subplots(2, cols, figsize=(3.2 * cols, 6.0), squeeze=False)
     for j in range(cols):
         ax = axes[0][j]
         if j >= marginals:
@@ -86,9 +83,4 @@ def comparison_figure(reference: ReferencePosterior, rows: list[dict],
 def save_comparison_figure(path: str | os.PathLike, reference: ReferencePosterior,
                            rows: list[dict], posteriors: dict[str, Any]) -> None:
     """Write :func:`comparison_figure` as a PNG at ``path``."""
-    fig = comparison_figure(reference, rows, posteriors)
-    try:
-        fig.tight_layout()
-        fig.savefig(os.fspath(path), format="png", dpi=100)
-    finally:
-        plt.close(fig)
+    _save(comparison_figure(reference, rows, posteriors), path)  # the run plots' PNG writer
