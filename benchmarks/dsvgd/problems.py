@@ -20,11 +20,14 @@ CASES = {
 }
 
 
-def make_case(name: str, directory: str, d: int | None = None) -> str:
-    """Write case ``name`` (optionally with ``d`` features) to ``directory``; return the path."""
+def make_case(name: str, directory: str, d: int | None = None, rho: float | None = None) -> str:
+    """Write case ``name`` (optionally with ``d`` features, equicorrelation ``rho``) to
+    ``directory``; return the path."""
     spec = dict(CASES[name])
     if d is not None:
         spec["d"] = int(d)
+    if rho is not None:
+        spec["rho"] = float(rho)
     rng = np.random.default_rng(spec["seed"])
     n, dim, rho, k = spec["n"], spec["d"], spec["rho"], spec["clients"]
     cov = rho * np.ones((dim, dim)) + (1 - rho) * np.eye(dim)
@@ -45,6 +48,7 @@ def make_case(name: str, directory: str, d: int | None = None) -> str:
                                            size=int((~major).sum()))
     else:
         ids = np.searchsorted(np.quantile(x[:, 0], np.linspace(0, 1, k + 1)[1:-1]), x[:, 0])
-    path = os.path.join(directory, f"{name}_d{dim}.npz")
+    suffix = "" if rho is None else f"_rho{spec['rho']:g}"
+    path = os.path.join(directory, f"{name}_d{dim}{suffix}.npz")
     np.savez(path, x_train=x, y_train=y, x_test=x_test, y_test=y_test, client_id=ids)
     return path
