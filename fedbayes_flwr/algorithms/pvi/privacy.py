@@ -88,8 +88,8 @@ def epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
 def calibrate(q: float, steps: int, target_epsilon: float, delta: float) -> float:
     """The noise multiplier for ``steps`` steps at rate ``q`` to spend at most
     ``target_epsilon`` at ``delta`` (:func:`dp_accounting.calibrate_dp_mechanism`, Brent's
-    method within :data:`CALIBRATION_TOL`; then raised by that tolerance until :func:`epsilon` is at most the target, so rounding
-    never spends more than the target)."""
+    method within :data:`CALIBRATION_TOL`; then raised by that tolerance until :func:`epsilon`
+    is at most the target, so rounding never spends more than the target)."""
     import dp_accounting
     from dp_accounting.rdp import RdpAccountant
 
