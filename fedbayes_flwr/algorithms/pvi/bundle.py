@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.pvi import privacy
 from fedbayes_flwr.algorithms.pvi.client import (
     candidate_terms,
     client_step,
@@ -213,8 +214,6 @@ def _account(state: ServerState, replies, setup) -> ServerState:
 
 def _dp_metrics(state: ServerState, setup) -> dict:
     """``dp_epsilon`` (spent so far at ``dp_delta``, the worst client) for the history row."""
-    from fedbayes_flwr.algorithms.pvi import privacy
-
     config = setup.config
     eps = privacy.worst_spent(config, state.dp_examples, state.dp_participations,
                               setup.num_clients)
@@ -225,8 +224,6 @@ def _check_budget(state: ServerState, setup, pids) -> None:
     """Stop the run (:class:`RunStopped`, results kept) before a round would take a client
     past ``dp-epsilon`` (a given noise multiplier; a calibrated one stays within it for the
     planned ``dp-rounds``)."""
-    from fedbayes_flwr.algorithms.pvi import privacy
-
     config = setup.config
     over = privacy.over_target(config, state.dp_examples, state.dp_participations, pids,
                                setup.num_clients)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedbayes_flwr.algorithms import commit
+from fedbayes_flwr.algorithms.pvi import privacy
 from fedbayes_flwr.algorithms.pvi.config import PVIConfig
 from fedbayes_flwr.algorithms.pvi.messages import (
     CandidateMessage,
@@ -77,7 +78,6 @@ def private_optimum(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGau
     Heikkila et al. (2023), "Differentially private partitioned variational inference", TMLR,
     Section 4 (DP-SGD clients).
     """
-    from fedbayes_flwr.algorithms.pvi import privacy
     from fedbayes_flwr.inference.vi import DPSGDConfig, fit_gaussian_dp_sgd
 
     n = int(x.shape[0])
