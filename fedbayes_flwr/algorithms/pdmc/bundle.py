@@ -73,6 +73,7 @@ TRAIN = "train"
 DISCRETISATION = 0.02  # pdmc.discretisation 0: the sample spacing without a preconditioner
 DISCRETISATION_Z = 0.25  # ... and with one (process time in posterior sd: 4 samples per sd)
 LAPLACE = "laplace"
+LAPLACE_LIMIT = 1e100  # the fit's replies: entries beyond this are refused (PRIOR_SCALE_RANGE's headroom)
 START_SCALE = 2.0  # preconditioned chains start from N(0, START_SCALE^2 I) in z: over-dispersed
 SKELETON_CAP = 200_000
 DEFAULT_EVAL_EVERY = 200
@@ -362,7 +363,8 @@ def preconditioner_kind(setup) -> str:
 
 
 def _to_model(state: ServerState, z: np.ndarray) -> np.ndarray:
-    return z if state.scale.size == 0 else to_model(z, state.shift, state.scale)
+    """Sampler coordinates to the model's (during the fit the chains are still in the model's)."""
+    return z if state.scale.size == 0 or state.fitting else to_model(z, state.shift, state.scale)
 
 
 def _velocity_to_model(state: ServerState, w: np.ndarray) -> np.ndarray:
@@ -398,11 +400,12 @@ def _init_server(setup) -> ServerState:
     x = rng.multivariate_normal(mean, cov, size=k)  # over-dispersed for a concentrated posterior
     v = S.initial_velocity(c.sampler, rng, k, d)
     chain, times, points = _empty(d)
-    fitting = preconditioner_kind(setup) != "none"
+    scale = _scale_template(setup)  # zeros until the fit ends (of the final shape: checkpoints)
+    shift = np.zeros(0 if scale.size == 0 else d)
     return ServerState(x, v, np.zeros(k), np.zeros(k, np.int64),
                        np.zeros(setup.num_clients + 1, np.int64), 0, 0, np.zeros(k), chain, times,
                        points, chain.copy(), times.copy(), points.copy(), points.copy(),
-                       time.time(), np.zeros(0), np.zeros(0), PC.start(mean), fitting)
+                       time.time(), shift, scale, PC.start(mean), scale.size > 0)
 
 
 def _init_client(setup, partition_id: int) -> ClientState:
@@ -596,7 +599,12 @@ def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | N
         return "number", f"answers exchange {reply.number}, expected {state.exchanges + 1}"
     if reply.grad_evals < 0:
         return "grad_evals", f"must be >= 0, got {reply.grad_evals}"
-    if action == LAPLACE:
+    if action == LAPLACE:  # U_m, its gradient and Hessian: finite (generic) and not absurd
+        for field in ("value", "grad", "hess"):
+            big = float(np.max(np.abs(getattr(reply, field))))
+            if big > LAPLACE_LIMIT:
+                return field, (f"|{field}| reaches {big:.3g}, beyond the limit "
+                               f"{LAPLACE_LIMIT:g} (no data term of a float64 model gets there)")
         return None
     if np.any(reply.tau <= 0):
         return "tau", f"event times must be > 0, smallest {float(reply.tau.min()):.4g}"

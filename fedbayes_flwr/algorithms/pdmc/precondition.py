@@ -70,8 +70,9 @@ NEWTON_TOL = 1e-8
 
 
 class Laplace(NamedTuple):
-    """The server's Newton state: the current point, ``U``, ``grad U`` and Hessian there (``U``
-    ``+inf`` before the first reply), the next trial point, and the exchanges spent."""
+    """The server's Newton state: the current point, ``U``, ``grad U`` and Hessian there (all
+    zero, unused, before the first reply: ``steps`` 0), the next trial point, and the exchanges
+    spent."""
 
     point: np.ndarray
     value: float
@@ -92,7 +93,7 @@ def resolve(kind: str, dim: int, private: bool) -> str:
 
 def start(point: np.ndarray) -> Laplace:
     d = point.shape[0]
-    return Laplace(point.copy(), float("inf"), np.zeros(d), np.zeros((d, d)), point.copy(), 0)
+    return Laplace(point.copy(), 0.0, np.zeros(d), np.zeros((d, d)), point.copy(), 0)
 
 
 def _floored(h: np.ndarray) -> np.ndarray:
@@ -110,8 +111,7 @@ def newton_update(state: Laplace, value: float, grad: np.ndarray, hess: np.ndarr
     """One exchange of damped Newton (module docstring): the totals at ``state.trial`` in, the
     next state and whether the fit is finished out."""
     steps = state.steps + 1
-    if np.isfinite(value) and value <= state.value + 1e-12 * abs(state.value) or \
-            not np.isfinite(state.value):
+    if state.steps == 0 or value <= state.value + 1e-12 * abs(state.value):
         h = _floored(hess)
         step = np.linalg.solve(h, grad)
         decrement = 0.5 * float(grad @ step)
