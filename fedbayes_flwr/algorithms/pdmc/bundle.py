@@ -339,7 +339,9 @@ def sampler_prior(state: ServerState, setup):
     prior = prior_potential(setup)
     if state.scale.size == 0:
         return prior
-    key = (id(setup), _digest(state.shift, state.scale))
+    # keyed on everything the result depends on (not on object ids, which Python reuses)
+    key = (_digest(state.shift, state.scale), _digest(state.laplace.grad, prior.hessian),
+           prior.centre.tobytes())
     if key not in _PRIOR_Z:
         if len(_PRIOR_Z) > 64:
             _PRIOR_Z.clear()
