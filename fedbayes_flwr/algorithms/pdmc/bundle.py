@@ -634,12 +634,17 @@ def _prior_diag(config: PDMCConfig, model) -> bool:
 
 def _memory_estimate(setup) -> MemoryEstimate:
     """The rate bounds PDMC's workers hold: each worker's and the prior's potential keeps a
-    ``d x d`` Hessian bound and its absolute value, ``2 (K + 1) d^2`` float64s, plus ``8 C d``
+    ``d x d`` Hessian bound and its absolute value, ``2 (K + 1) d^2`` float64s (twice that with
+    a preconditioner: the bounds in ``z`` too), plus ``8 C d``
     for the chains' positions, velocities and proposals (the stored samples grow on top)."""
     k, c = setup.num_clients, setup.config.num_chains
     d = setup.model.param_dim(setup.num_features)
-    nbytes = (2 * (k + 1) * d * d + 8 * c * d) * 8
-    return MemoryEstimate(nbytes, f"2 (K + 1) d^2 + 8 C d float64s, K = {k}, C = {c}, d = {d}",
+    # a preconditioner doubles the bounds held (the model's and those in z)
+    per = 2 if PC.resolve(setup.config.preconditioner, d, setup.config.dp_epsilon > 0) == \
+        "none" else 4
+    nbytes = (per * (k + 1) * d * d + 8 * c * d) * 8
+    return MemoryEstimate(nbytes, f"{per} (K + 1) d^2 + 8 C d float64s, K = {k}, C = {c}, "
+                                  f"d = {d}",
                           "use fewer features, or a family without d x d rate bounds "
                           "(pvi with pvi.covariance=diag, dsvgd, sgld)")
 
