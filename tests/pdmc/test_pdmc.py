@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from fedbayes_flwr.algorithms.base import Rejection
+from fedbayes_flwr.algorithms.pdmc import precondition as PC
 from fedbayes_flwr.algorithms.pdmc import sampler as S
 from fedbayes_flwr.algorithms.pdmc.bundle import Up
 from fedbayes_flwr.algorithms.pdmc.driver import simulate
@@ -63,20 +64,29 @@ def test_first_arrival_integrates_the_rate_to_the_exponential():
     np.testing.assert_array_equal(~finite, never)
 
 
-@pytest.mark.parametrize("sampler", S.SAMPLERS)
-@pytest.mark.parametrize("workers", [1, 4, 16])
-def test_exact_on_the_papers_gaussian_example(sampler, workers):
+# every preconditioner with every sampler; the worker counts with "none" (the unpreconditioned
+# sampler's own cases), one count each for the others (the transform is the same for any split)
+EXACT_CASES = [(s, w, "none") for s in S.SAMPLERS for w in (1, 4, 16)] + [
+    (s, 4, pre) for s in S.SAMPLERS for pre in PC.KINDS if pre != "none"]
+
+
+@pytest.mark.parametrize("sampler, workers, preconditioner", EXACT_CASES)
+def test_exact_on_the_papers_gaussian_example(sampler, workers, preconditioner):
     """Flat prior, N(ybar, I / N): mean and variance within 4 MCSE in every coordinate; the same
-    check against a mean shifted by 0.5 posterior sd fails (power)."""
+    check against a mean shifted by 0.5 posterior sd fails (power). Preconditioned, the chains
+    run in z with x = m + L z (L L^T the posterior covariance: z has unit sd, so the process
+    needs sqrt(N) times more process time for the same ESS; it is given that)."""
     y = _paper_gaussian()
     pots = [P.gaussian_mean_potential(part, 1.0) for part in np.array_split(y, workers)]
     prior = P.gaussian_prior_potential(D, None)
     rng = np.random.default_rng(1)
     k = 8
     x0 = y.mean(0) + rng.standard_normal((k, D)) / np.sqrt(N)
+    stretch = 1.0 if preconditioner == "none" else np.sqrt(N)
     run = simulate(pots, prior, sampler, x0, S.initial_velocity(sampler, rng, k, D),
-                   process_time=60.0 if workers < 16 else 30.0, delta=0.05, seed=workers,
-                   refresh=1.0, burn_in=2.0)
+                   process_time=(60.0 if workers < 16 else 30.0) * stretch,
+                   delta=0.05 * stretch, seed=workers, refresh=1.0 / stretch,
+                   burn_in=2.0 * stretch, preconditioner=preconditioner)
     ok, ess = _within_mcse(run.chains, y.mean(0), np.full(D, 1.0 / N))
     print(sampler, workers, "min ESS", ess.min())
     assert ok, ess
@@ -97,13 +107,22 @@ class _Loose(P.Potential):
     def grad(self, x):
         return self.inner.grad(x)
 
+    def value(self, x):
+        return self.inner.value(x)
 
+    def hess_quad(self, x, v):
+        return self.inner.hess_quad(x, v)
+
+
+@pytest.mark.parametrize("preconditioner", PC.KINDS)
 @pytest.mark.parametrize("sampler", S.SAMPLERS)
 @pytest.mark.parametrize("loose", [False, True])
-def test_invariance_from_exact_draws(sampler, loose):
+def test_invariance_from_exact_draws(sampler, loose, preconditioner):
     """400 chains started from exact draws of (x, v) under a Gaussian prior (server events) and
     four workers; at process time 1 every coordinate passes a KS test against the exact
-    marginal (Bonferroni over coordinates and the 4 cases of this test, family level 1e-3)."""
+    marginal (Bonferroni over coordinates and the 16 cases of this test, family level 1e-3).
+    Preconditioned, the exact draws of x map to exact draws of z, and the loose bounds are
+    transformed by the generic rule (``|L|^T C |L|``, ``L^T B L``)."""
     d, prior_var = 3, 0.5
     rng = np.random.default_rng(7)
     y = 1.0 + rng.standard_normal((40, d))
@@ -116,9 +135,11 @@ def test_invariance_from_exact_draws(sampler, loose):
     k = 400
     x0 = mean + sd * rng.standard_normal((k, d))
     v0 = S.initial_velocity(sampler, rng, k, d)
-    run = simulate(pots, prior, sampler, x0, v0, process_time=1.0, delta=1.0, seed=3,
-                   refresh=1.0)
-    level = 1e-3 / (d * 4)
+    # preconditioned: the posterior sd is 1 in z, so process time 1 / sd moves as far
+    stretch = 1.0 if preconditioner == "none" else 1.0 / sd
+    run = simulate(pots, prior, sampler, x0, v0, process_time=stretch, delta=stretch, seed=3,
+                   refresh=1.0 / stretch, preconditioner=preconditioner)
+    level = 1e-3 / (d * 16)
     for j in range(d):
         p = stats.kstest(run.x[:, j], stats.norm(mean[j], sd).cdf).pvalue
         assert p > level, (j, p)
@@ -239,3 +260,102 @@ def test_the_wall_clock_cap_ends_as_time_limit_with_one_warning(tmp_path, capsys
     lines = [x for x in capsys.readouterr().err.splitlines() if "time limit" in x]
     assert len(lines) == 1 and "min ESS" in lines[0] and "of 1e+09" in lines[0], lines
     assert "max R-hat" in lines[0]
+
+
+# ------------------------------------------------------------------ the preconditioner (issue 33)
+TINY_LR = {"model": "logistic-regression", "dataset": "synthetic", "synthetic-dim": 3,
+           "synthetic-size": 100, "num-clients": 2, "partition": "iid", "pdmc.num-chains": 3,
+           "pdmc.process-time": 1.0}
+
+
+@pytest.mark.parametrize("algorithm", ["pdmc", "pdmc-bps"])
+def test_no_preconditioner_is_bitwise_the_sampler_before_it(tmp_path, algorithm):
+    """``pdmc.preconditioner = none``: the chains and skeleton are bit for bit those of the
+    sampler before the preconditioner existed (recorded at commit be7a5cd with this config;
+    tests/pdmc/data/none_before_preconditioning.npz)."""
+    before = np.load("tests/pdmc/data/none_before_preconditioning.npz")
+    run_in_process(parse_run_config({**TINY_LR, "algorithm": algorithm,
+                                     "pdmc.preconditioner": "none",
+                                     "output-dir": str(tmp_path)}), progress=False)
+    saved = np.load(tmp_path / "posterior.npz")
+    for key in ("chains", "skeleton_time", "skeleton_x", "skeleton_v"):
+        np.testing.assert_array_equal(saved[key], before[f"{algorithm}.{key}"], err_msg=key)
+
+
+def test_laplace_fit_finds_the_mode_and_the_inverse_hessian():
+    """The federated Newton fit on a correlated logistic regression split over 3 workers: the
+    total gradient at m is ~0 (Newton decrement < NEWTON_TOL), L L^T is the inverse Hessian
+    there (dense), and the diagonal transform is its marginal sd."""
+    rng = np.random.default_rng(0)
+    cov = 0.8 * np.ones((4, 4)) + 0.2 * np.eye(4)
+    x = np.c_[rng.multivariate_normal(np.zeros(4), cov, size=300), np.ones(300)]
+    y = (rng.random(300) < 1 / (1 + np.exp(-x @ np.array([1.0, -0.5, 0.3, 0.0, 0.2])))) * 1.0
+    pots = [P.Logistic(xs, ys) for xs, ys in zip(np.array_split(x, 3), np.array_split(y, 3),
+                                                  strict=True)]
+    prior = P.gaussian_prior_potential(5, 1.0)
+    m, lower, fit = PC.laplace_fit([prior, *pots], np.zeros(5), "dense")
+    h = prior.hessian + sum(p.hessian_at(m)[0] for p in pots)
+    g = prior.grad(m[None])[0] + sum(p.grad(m[None])[0] for p in pots)
+    assert 0.5 * g @ np.linalg.solve(h, g) < PC.NEWTON_TOL and fit.steps < 15
+    np.testing.assert_allclose(lower @ lower.T, np.linalg.inv(h), rtol=1e-8, atol=1e-12)
+    diag = PC.laplace_fit([prior, *pots], np.zeros(5), "diagonal")[1]
+    np.testing.assert_allclose(diag, np.sqrt(np.diag(np.linalg.inv(h))), rtol=1e-8)
+    # the polarisation Hessian every other potential gets agrees with the logistic closed form
+    np.testing.assert_allclose(P.Potential.hessian_at(pots[0], m)[0], pots[0].hessian_at(m)[0],
+                               rtol=1e-9, atol=1e-9)
+
+
+def test_recentred_split_keeps_the_target_and_the_bounds():
+    """Re-centring the workers at m and tilting the prior by the sum of their gradients there
+    leaves the total gradient unchanged everywhere and every Hessian bound as it was."""
+    rng = np.random.default_rng(1)
+    pots = [P.Logistic(np.c_[rng.normal(size=(50, 2)), np.ones(50)], rng.random(50) < 0.5 * k)
+            for k in (0.2, 1.0, 1.8)]  # label-skewed shares
+    prior = P.gaussian_prior_potential(3, 1.0)
+    m = rng.normal(size=3)
+    total = prior.grad(m[None])[0] + sum(p.grad(m[None])[0] for p in pots)
+    workers, tilted = PC.split_at_mode(pots, prior, m, total)
+    at = rng.normal(size=(7, 3))
+    np.testing.assert_allclose(tilted.grad(at) + sum(w.grad(at) for w in workers),
+                               prior.grad(at) + sum(p.grad(at) for p in pots), atol=1e-10)
+    for w, p in zip(workers, pots, strict=True):
+        np.testing.assert_allclose(w.grad(m[None])[0], 0.0, atol=1e-12)
+        assert w.hess_abs is p.hess_abs and w.hess_bound is p.hess_bound
+
+
+def test_preconditioner_settings_and_refusals():
+    from fedbayes_flwr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pdmc.preconditioner: unknown preconditioner"):
+        parse_run_config({**GM, "pdmc.preconditioner": "full"})
+    lr = {**TINY_LR, "algorithm": "pdmc", "pdmc.dp-epsilon": 1.0, "pdmc.dp-delta": 1e-6}
+    with pytest.raises(ConfigError, match="pdmc.preconditioner: 'dense' with dp-epsilon"):
+        parse_run_config({**lr, "pdmc.preconditioner": "dense"})
+    from fedbayes_flwr.algorithms.pdmc.bundle import preconditioner_kind
+
+    assert preconditioner_kind(build_experiment(parse_run_config(
+        {**lr, "output-dir": "unused"})).setup) == "none"  # auto: none with DP
+    assert preconditioner_kind(build_experiment(parse_run_config(
+        {**GM, "output-dir": "unused"})).setup) == "dense"
+    assert PC.resolve("auto", PC.AUTO_DENSE_MAX + 1, private=False) == "diagonal"
+
+
+@pytest.mark.parametrize("preconditioner", ["diagonal", "dense"])
+def test_preconditioned_bundle_matches_the_exact_posterior(tmp_path, preconditioner):
+    """The bundle with the federated Laplace fit (gaussian-mean, 4 workers, Gaussian prior):
+    mean and variance within 4 MCSE of the conjugate posterior; the fit's exchanges are counted
+    and the samples are in the model's coordinates."""
+    from fedbayes_flwr.inference import gaussian as G
+    from fedbayes_flwr.models import exact_posterior
+
+    result = run_in_process(parse_run_config({
+        **GM, "output-dir": str(tmp_path), "pdmc.process-time": 100.0,
+        "pdmc.preconditioner": preconditioner}), progress=False)
+    exp = build_experiment(parse_run_config({**GM, "output-dir": "unused"}))
+    mean, cov = G.to_moments(exact_posterior(exp.model, exp.prior, exp.dataset.x_train, None))
+    saved = np.load(tmp_path / "posterior.npz")
+    ok, ess = _within_mcse(saved["chains"], mean, np.diag(cov))
+    assert ok, ess
+    diag = result["history"][-1]["diagnostics"]
+    assert diag["preconditioner"] == preconditioner and 1 <= diag["laplace_exchanges"] <= 3
+    assert diag["exchanges"] == result["history"][-1]["round"]

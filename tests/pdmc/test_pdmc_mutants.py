@@ -98,3 +98,74 @@ def test_zigzag_thinning_mutant_fails(monkeypatch):
     mutants.apply(monkeypatch, "M11")
     with pytest.raises(AssertionError, match="exact law|exact"):
         _check_event_law(0)
+
+
+# ---------------------------------------------- the same check with a preconditioner (issue 33)
+class ConvexLogCosh(LogCosh):
+    convex = True  # sech^2 in (0, 1]: 0 < H <= B = I, so the Cauchy-Schwarz bound applies too
+
+
+# x = m + L z with L a rotation by 30 degrees scaled by 2 (and a shear): every bound in z is
+# about 4x the untransformed one, so forgetting the transform halves it at least
+L_TEST = 2.0 * np.array([[np.cos(0.5), -np.sin(0.5)], [np.sin(0.5), np.cos(0.5)]]) @ \
+    np.array([[1.0, 0.4], [0.0, 1.0]])
+M_TEST = np.array([0.3, -0.2])
+Z0, W0 = np.array([0.0, -0.5]), np.array([1.0, 1.0])
+
+
+def _z_law():
+    """Exact first-event law along ``z0 + w t`` in z: coordinate rates
+    ``(w_i (L^T tanh(m + L (z0 + w t)))_i)^+``, by quadrature on a fine grid (the rates are
+    smooth; 400,001 points on [0, 40], where P(T > 40) < 1e-30)."""
+    t = np.linspace(0.0, 40.0, 400_001)
+    x = M_TEST + (Z0 + np.outer(t, W0)) @ L_TEST.T
+    rates = np.maximum(0.0, W0 * (np.tanh(x) @ L_TEST))  # (T, 2)
+    cum = integrate.cumulative_trapezoid(rates.sum(1), t, initial=0.0)
+    surv = np.exp(-cum)
+    flip = integrate.trapezoid(rates * surv[:, None], t, axis=0)
+    return t, cum, flip
+
+
+def _check_z_event_law(pot, seed=0):
+    t, cum, flip = _z_law()
+    z = np.tile(Z0, (K, 1))
+    v = np.tile(W0, (K, 1))
+    out = sampler.propose(pot, "zigzag", z, v, np.full(K, np.inf), np.random.default_rng(seed))
+    assert np.all(np.isfinite(out.tau))
+    ks = stats.kstest(out.tau, lambda s: 1.0 - np.exp(-np.interp(s, t, cum)))
+    assert ks.pvalue > 1e-4, f"event times do not follow the exact law: KS D = {ks.statistic:.4f}, " \
+                             f"p = {ks.pvalue:.2e}"
+    second = np.mean(out.velocity[:, 1] < 0)  # binomial, 5 standard errors
+    p2 = flip[1] / flip.sum()
+    assert abs(second - p2) < 5 * np.sqrt(p2 * (1 - p2) / K), (second, p2)
+
+
+@pytest.mark.parametrize("convex", [False, True])
+def test_preconditioned_thinning_gives_the_exact_event_law(convex):
+    """With x = m + L z the transformed bounds (|L|^T C |L| row sums, and for a convex U the
+    Cauchy-Schwarz bound from L^T B L) keep Poisson thinning exact in z."""
+    from fedbayes_flwr.inference.potentials import Preconditioned
+
+    pot = Preconditioned(ConvexLogCosh() if convex else LogCosh(), M_TEST, L_TEST)
+    assert pot.cauchy_schwarz == convex
+    _check_z_event_law(pot)
+
+
+def test_preconditioned_untransformed_bound_mutant_fails():
+    """The natural bug: the bounds kept in x (C, B) while the rates are in z. They are about 4x
+    too small here, and the thinning check (the event law) catches it."""
+    from fedbayes_flwr.inference.potentials import Preconditioned
+
+    pot = Preconditioned(ConvexLogCosh(), M_TEST, L_TEST)
+    pot.hess_abs, pot.hess_bound = LogCosh.hess_abs, LogCosh.hess_bound
+    with pytest.raises(AssertionError, match="exact law"):
+        _check_z_event_law(pot)
+
+
+def test_zigzag_thinning_mutant_fails_with_a_preconditioner(monkeypatch):
+    """Mutant M11 (the row-sum slope bound halved) is still caught in z."""
+    from fedbayes_flwr.inference.potentials import Preconditioned
+
+    mutants.apply(monkeypatch, "M11")
+    with pytest.raises(AssertionError, match="exact law"):
+        _check_z_event_law(Preconditioned(LogCosh(), M_TEST, L_TEST))

@@ -36,8 +36,11 @@ FAMILIES = {
               "chains"),
     "fedavg": ({**GM, "model": "linear-regression", "algorithm": "fedavg",
                 "fedavg.local-steps": 3}, "theta"),
-    "pdmc-bps": ({**GM, "algorithm": "pdmc-bps", "pdmc.num-chains": 3, "num-rounds": 4},
-                 "velocity"),
+    "pdmc-bps": ({**GM, "algorithm": "pdmc-bps", "pdmc.num-chains": 3, "num-rounds": 4,
+                  "pdmc.preconditioner": "none"}, "velocity"),
+    # with the preconditioner the first exchanges are the Laplace fit's (U_m, gradient, Hessian)
+    "pdmc-laplace": ({**GM, "algorithm": "pdmc", "pdmc.num-chains": 3, "num-rounds": 4,
+                      "pdmc.preconditioner": "dense"}, "grad"),
     "dhmc": ({**GM, "model": "linear-regression", "algorithm": "dhmc", "dhmc.num-chains": 3,
               "dhmc.warmup": 2, "dhmc.iterations": 4, "dhmc.mixing-rounds": 2}, "w"),
 }

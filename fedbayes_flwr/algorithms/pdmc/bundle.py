@@ -14,7 +14,9 @@ the earliest per chain and moves the chains (if nothing happens before ``max-hor
 that far unchanged). Every exchange counts as one update (``num-rounds`` caps the exchanges; the
 presets lift the default cap, the stopping rule below ends the run).
 
-**Output.** The trajectory is sampled every ``pdmc.discretisation`` units of process time; the
+**Output.** The trajectory is sampled every ``pdmc.discretisation`` units of process time (0, the
+default: :data:`DISCRETISATION` in the model's coordinates, :data:`DISCRETISATION_Z` in the
+preconditioned ones, where one unit of process time moves about one posterior sd); the
 first ``pdmc.burn-in`` fraction of each chain's time is discarded at evaluation. The posterior is
 a :class:`fedbayes_flwr.inference.posterior.SamplePosterior` with the chains kept apart (ESS and R-hat
 across chains, ``tfp.mcmc``); the skeleton (event times, positions, velocities, up to
@@ -22,7 +24,8 @@ across chains, ``tfp.mcmc``); the skeleton (event times, positions, velocities, 
 
 **Stopping.** With ``pdmc.process-time`` ``T > 0`` the run ends when every chain has reached
 ``T`` (samples beyond ``T`` dropped). Otherwise it ends at the first evaluation point where the
-pooled minimum ESS over coordinates reaches ``pdmc.target-ess``, or after ``pdmc.max-seconds`` of
+pooled minimum ESS over coordinates reaches ``pdmc.target-ess`` and the largest R-hat is at most
+``pdmc.target-rhat`` (0: ESS only), or after ``pdmc.max-seconds`` of
 wall time (outcome ``completed`` either way; the diagnostics say which).
 
 **Failures.** A worker's reply that is missing, NaN, negative, or of the wrong shape is retried
@@ -47,17 +50,31 @@ from typing import NamedTuple
 import numpy as np
 
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.pdmc import precondition as PC
 from fedbayes_flwr.algorithms.pdmc import privacy
 from fedbayes_flwr.algorithms.pdmc import sampler as S
 from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import SamplePosterior, TracePosterior
-from fedbayes_flwr.inference.potentials import Quadratic, cached, from_natural
+from fedbayes_flwr.inference.potentials import (
+    Quadratic,
+    cached,
+    from_natural,
+    precondition,
+    recentre,
+    tilt,
+    to_model,
+)
 from fedbayes_flwr.inference.sensitivity import clip_features
 from fedbayes_flwr.models import make_model, model_spec
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 TRAIN = "train"
+DISCRETISATION = 0.02  # pdmc.discretisation 0: the sample spacing without a preconditioner
+DISCRETISATION_Z = 0.25  # ... and with one (process time in posterior sd: 4 samples per sd)
+LAPLACE = "laplace"
+LAPLACE_LIMIT = 1e100  # the fit's replies: entries beyond this are refused (PRIOR_SCALE_RANGE's headroom)
+START_SCALE = 2.0  # preconditioned chains start from N(0, START_SCALE^2 I) in z: over-dispersed
 SKELETON_CAP = 200_000
 DEFAULT_EVAL_EVERY = 200
 NO_CAP = 10**9
@@ -75,13 +92,16 @@ class PDMCConfig:
         ``K`` independent chains advanced by every exchange.
     target_ess : float
         Stop when the pooled minimum ESS over coordinates reaches it (``process-time`` 0).
+    target_rhat : float
+        ... and the largest R-hat is at most this (0: the ESS alone decides).
     max_seconds : float
         Wall-clock cap of an ESS-targeted run (0 = none): the run's ``max-seconds`` unless that
         is set, so a run that stops there says ``time-limit``, not ``done``.
     process_time : float
         ``T > 0``: run every chain to process time ``T`` instead.
     discretisation : float
-        Spacing ``delta`` of the samples taken from the trajectory.
+        Spacing ``delta`` of the samples taken from the trajectory (0: 0.02 without a
+        preconditioner, 0.25 with one).
     burn_in : float
         Fraction of each chain's process time discarded, in ``[0, 1)``.
     refresh_rate : float
@@ -99,14 +119,22 @@ class PDMCConfig:
     dp_feature_clip : float
         The public bound on ``|features|`` (rows are clipped to it when DP is on); it bounds the
         sensitivity of logistic regression's rates.
+    preconditioner : str
+        ``none``, ``diagonal``, ``dense`` or ``auto``: sample ``z`` with ``x = m + L z`` agreed by
+        every worker, ``m`` and ``L`` from a federated Laplace fit before the first event
+        (:mod:`fedbayes_flwr.algorithms.pdmc.precondition`; ``auto``: dense up to
+        ``d = 100``, diagonal above, none with ``dp-epsilon``).
+    laplace_steps : int
+        The most exchanges the Laplace fit may take (Newton steps and halvings).
     """
 
     sampler: str = "zigzag"
     num_chains: int = 16
     target_ess: float = 400.0
+    target_rhat: float = 1.01
     max_seconds: float = 110.0
     process_time: float = 0.0
-    discretisation: float = 0.02
+    discretisation: float = 0.0
     burn_in: float = 0.1
     refresh_rate: float = 1.0
     max_horizon: float = 1.0
@@ -114,6 +142,8 @@ class PDMCConfig:
     dp_epsilon: float = 0.0
     dp_delta: float = 0.0
     dp_feature_clip: float = 1.0
+    preconditioner: str = "auto"
+    laplace_steps: int = 30
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
@@ -128,8 +158,10 @@ class PDMCConfig:
         need(self.target_ess > 0, "target-ess", f"must be > 0, got {self.target_ess}")
         need(self.max_seconds >= 0, "max-seconds", f"must be >= 0, got {self.max_seconds}")
         need(self.process_time >= 0, "process-time", f"must be >= 0, got {self.process_time}")
-        need(self.discretisation > 0, "discretisation",
-             f"must be > 0, got {self.discretisation}")
+        need(self.discretisation >= 0, "discretisation",
+             f"must be > 0 (0 = auto), got {self.discretisation}")
+        need(self.target_rhat == 0 or self.target_rhat > 1, "target-rhat",
+             f"must be > 1 (0 = off), got {self.target_rhat}")
         need(0 <= self.burn_in < 1, "burn-in", f"must be in [0, 1), got {self.burn_in}")
         need(self.refresh_rate >= 0, "refresh-rate", f"must be >= 0, got {self.refresh_rate}")
         need(self.max_horizon > 0, "max-horizon", f"must be > 0, got {self.max_horizon}")
@@ -137,6 +169,13 @@ class PDMCConfig:
         need(0 <= self.dp_delta < 1, "dp-delta", f"must be in [0, 1), got {self.dp_delta}")
         need(self.dp_feature_clip > 0, "dp-feature-clip",
              f"must be > 0, got {self.dp_feature_clip}")
+        need(self.preconditioner in PC.KINDS, "preconditioner",
+             f"unknown preconditioner {self.preconditioner!r}; choose one of "
+             f"{', '.join(PC.KINDS)}")
+        need(self.laplace_steps >= 1, "laplace-steps", f"must be >= 1, got {self.laplace_steps}")
+        need(self.dp_epsilon == 0 or self.preconditioner in ("none", "auto"), "preconditioner",
+             f"{self.preconditioner!r} with dp-epsilon: the Laplace fit releases gradients and "
+             f"Hessians the privacy bound does not cover (use none or auto)")
         if getattr(model_spec(run.model), "structured", False):
             return  # the generic check names the right family
         model = make_model(run.model, run.noise_scale)
@@ -184,6 +223,10 @@ class ServerState(NamedTuple):
     skeleton_x: np.ndarray
     skeleton_v: np.ndarray
     started: float
+    shift: np.ndarray
+    scale: np.ndarray
+    laplace: PC.Laplace
+    fitting: bool
 
 
 class ClientState(NamedTuple):
@@ -193,9 +236,32 @@ class ClientState(NamedTuple):
 
 
 class Down(NamedTuple):
+    """Chains' positions and velocities in the sampler's coordinates ``z``, the horizon, and the
+    agreed map ``x = shift + scale z`` (``scale`` ``(d, d)``, its diagonal ``(d,)``, or size 0
+    for none)."""
+
     x: np.ndarray
     v: np.ndarray
     horizon: np.ndarray
+    number: int
+    shift: np.ndarray
+    scale: np.ndarray
+
+
+class LaplaceDown(NamedTuple):
+    """The Laplace fit's trial point."""
+
+    point: np.ndarray
+    number: int
+
+
+class LaplaceUp(NamedTuple):
+    """``U_m``, its gradient and Hessian at the trial point, and their cost in gradients."""
+
+    value: float
+    grad: np.ndarray
+    hess: np.ndarray
+    grad_evals: int
     number: int
 
 
@@ -243,10 +309,68 @@ def dp_report(config: PDMCConfig, model, param_dim: int, releases: int) -> dict:
             "dp_epsilon_total": total.epsilon, "dp_delta_total": total.delta}
 
 
-def worker_potential(model, data):
-    """``U_m`` of a worker's rows, cached by the rows' content (built once per worker, not once
-    per event)."""
-    return cached(("pdmc", id(model)), data, lambda: model.bounded_potential(data.x, data.y))
+def worker_potential(model, data, shift=None, scale=None):
+    """``U_m`` of a worker's rows (in ``z`` when a transform is given: its bounds are built
+    once per transform), cached by the rows' content (built once per worker, not once per
+    event)."""
+    base = cached(("pdmc", id(model)), data, lambda: model.bounded_potential(data.x, data.y))
+    if scale is None or scale.size == 0:
+        return base
+    return cached(("pdmc", id(model), _digest(shift, scale)), data,
+                  lambda: precondition(recentre(base, shift), shift, scale))
+
+
+def _digest(shift: np.ndarray, scale: np.ndarray) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(np.ascontiguousarray(shift).tobytes(), digest_size=16)
+    h.update(np.ascontiguousarray(scale).tobytes())
+    h.update(str(scale.shape).encode())
+    return h.hexdigest()
+
+
+_PRIOR_Z: dict = {}
+
+
+def sampler_prior(state: ServerState, setup):
+    """``U_0`` in the sampler's coordinates (the model's when no transform), with the
+    re-centred split's tilt ``sum_m grad U_m(m) . x`` (:func:`.precondition.split_at_mode`; the
+    total gradient at ``m`` is the fit's last)."""
+    prior = prior_potential(setup)
+    if state.scale.size == 0:
+        return prior
+    # keyed on everything the result depends on (not on object ids, which Python reuses)
+    key = (_digest(state.shift, state.scale), _digest(state.laplace.grad, prior.hessian),
+           prior.centre.tobytes())
+    if key not in _PRIOR_Z:
+        if len(_PRIOR_Z) > 64:
+            _PRIOR_Z.clear()
+        offsets = state.laplace.grad - prior.grad(state.shift[None])[0]
+        _PRIOR_Z[key] = precondition(tilt(prior, offsets), state.shift, state.scale)
+    return _PRIOR_Z[key]
+
+
+def discretisation(setup) -> float:
+    """``pdmc.discretisation``, or its automatic value (0: module docstring)."""
+    c = setup.config
+    if c.discretisation > 0:
+        return c.discretisation
+    return DISCRETISATION if preconditioner_kind(setup) == "none" else DISCRETISATION_Z
+
+
+def preconditioner_kind(setup) -> str:
+    """The resolved ``pdmc.preconditioner`` (``auto`` decided by dimension and DP)."""
+    c = setup.config
+    return PC.resolve(c.preconditioner, setup.prior.dim, c.dp_epsilon > 0)
+
+
+def _to_model(state: ServerState, z: np.ndarray) -> np.ndarray:
+    """Sampler coordinates to the model's (during the fit the chains are still in the model's)."""
+    return z if state.scale.size == 0 or state.fitting else to_model(z, state.shift, state.scale)
+
+
+def _velocity_to_model(state: ServerState, w: np.ndarray) -> np.ndarray:
+    return w if state.scale.size == 0 else to_model(w, 0.0, state.scale)
 
 
 def _dp_data(data, config: PDMCConfig):
@@ -260,7 +384,7 @@ def _dp_data(data, config: PDMCConfig):
 def _own_proposal(state: ServerState, setup, rnd) -> S.Proposal:
     c = setup.config
     rng = numpy_rng(derive_seed(setup.run_seed, "pdmc.server", rnd.number, -1, rnd.step))
-    return S.server_proposal(prior_potential(setup), c.sampler, state.x, state.v,
+    return S.server_proposal(sampler_prior(state, setup), c.sampler, state.x, state.v,
                              c.refresh_rate if c.sampler == "bps" else 0.0, c.max_horizon, rng)
 
 
@@ -278,10 +402,12 @@ def _init_server(setup) -> ServerState:
     x = rng.multivariate_normal(mean, cov, size=k)  # over-dispersed for a concentrated posterior
     v = S.initial_velocity(c.sampler, rng, k, d)
     chain, times, points = _empty(d)
+    scale = _scale_template(setup)  # zeros until the fit ends (of the final shape: checkpoints)
+    shift = np.zeros(0 if scale.size == 0 else d)
     return ServerState(x, v, np.zeros(k), np.zeros(k, np.int64),
                        np.zeros(setup.num_clients + 1, np.int64), 0, 0, np.zeros(k), chain, times,
                        points, chain.copy(), times.copy(), points.copy(), points.copy(),
-                       time.time())
+                       time.time(), shift, scale, PC.start(mean), scale.size > 0)
 
 
 def _init_client(setup, partition_id: int) -> ClientState:
@@ -289,17 +415,28 @@ def _init_client(setup, partition_id: int) -> ClientState:
 
 
 def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
+    if state.fitting:
+        fit = LaplaceDown(state.laplace.trial, rnd.number)
+        return {pid: Request(LAPLACE, fit) for pid in range(setup.num_clients)}
     own = _own_proposal(state, setup, rnd)
     horizon = np.minimum(own.tau, setup.config.max_horizon)
-    down = Down(state.x, state.v, horizon, rnd.number)
+    down = Down(state.x, state.v, horizon, rnd.number, state.shift, state.scale)
     return {pid: Request(TRAIN, down) for pid in range(setup.num_clients)}
 
 
 def _client_step(seed, state: ClientState, request: Request, data, setup):
     msg, config = request.message, setup.config
+    if request.action == LAPLACE:
+        pot = worker_potential(setup.model, data)
+        point = np.asarray(msg.point, dtype=np.float64)
+        hess, cost = pot.hessian_at(point)
+        return state, LaplaceUp(float(pot.value(point[None])[0]), pot.grad(point[None])[0],
+                                np.asarray(hess, dtype=np.float64), 1 + int(cost),
+                                msg.number), {}
     rho = dp_rho(config, setup.model, setup.prior.dim)
-    proposal = S.propose(worker_potential(setup.model, _dp_data(data, config)), config.sampler,
-                         msg.x, msg.v, msg.horizon, numpy_rng(seed), rate_shift=rho)
+    pot = worker_potential(setup.model, _dp_data(data, config), msg.shift, msg.scale)
+    proposal = S.propose(pot, config.sampler, msg.x, msg.v, msg.horizon, numpy_rng(seed),
+                         rate_shift=rho)
     # with DP on, the number of rejected candidates (data-dependent) is not released
     evals = 0 if rho > 0 else int(proposal.grad_evals)
     return state, Up(proposal.tau, proposal.velocity, evals, msg.number), {}
@@ -311,14 +448,16 @@ def _server_step(state: ServerState, replies, setup, rnd):
         raise RuntimeError(f"pdmc: {len(rejected)} worker replies missing; a worker cannot be "
                            f"dropped")
     c = setup.config
-    own = _own_proposal(state, setup, rnd)
     good = sorted(replies, key=lambda item: item[0])
+    if state.fitting:
+        return _fit_step(state, setup, rnd, good)
+    own = _own_proposal(state, setup, rnd)
     workers = [S.Proposal(r.tau, r.velocity, r.grad_evals) for _, r in good]
     tau, velocity, winner = S.combine(own, workers, c.max_horizon)
     if c.process_time > 0:  # never move past T
         tau = np.minimum(tau, np.maximum(c.process_time - state.t, 0.0))
     rows, times, points, next_sample = S.discretise(state.x, state.v, state.t, tau,
-                                                    state.next_sample, c.discretisation)
+                                                    state.next_sample, discretisation(setup))
     x = state.x + state.v * tau[:, None]
     moved = tau > 0
     event = (winner >= 0) & moved
@@ -327,18 +466,48 @@ def _server_step(state: ServerState, replies, setup, rnd):
     winners = state.winners + np.bincount(winner[event], minlength=state.winners.size)
     skel = [state.skeleton_chain, state.skeleton_time, state.skeleton_x, state.skeleton_v]
     if state.skeleton_chain.size < SKELETON_CAP and np.any(event):
-        hit = np.flatnonzero(event)
+        hit = np.flatnonzero(event)  # kept in the model's coordinates
         skel = [np.concatenate([skel[0], hit]), np.concatenate([skel[1], t[hit]]),
-                np.concatenate([skel[2], x[hit]]), np.concatenate([skel[3], v[hit]])]
+                np.concatenate([skel[2], _to_model(state, x[hit])]),
+                np.concatenate([skel[3], _velocity_to_model(state, v[hit])])]
     grad_evals = state.grad_evals + sum(int(r.grad_evals) for _, r in good) + own.grad_evals
     new = ServerState(x, v, t, state.events + event, winners, grad_evals, state.exchanges + 1,
                       next_sample, np.concatenate([state.sample_chain, rows]),
                       np.concatenate([state.sample_time, times]),
-                      np.concatenate([state.samples, points]), *skel, state.started)
+                      np.concatenate([state.samples, _to_model(state, points)]), *skel,
+                      state.started, state.shift, state.scale, state.laplace, False)
+    return new, _info(new, setup, rnd, good)
+
+
+def _info(state: ServerState, setup, rnd, good) -> StepInfo:
     info = StepInfo(updates=1, accepted=tuple(pid for pid, _ in good))
     if rnd.evaluate:
-        info = info._replace(metrics=_metrics(new, setup), diagnostics=_diagnostics(new, setup))
-    return new, info
+        info = info._replace(metrics=_metrics(state, setup),
+                             diagnostics=_diagnostics(state, setup))
+    return info
+
+
+def _fit_step(state: ServerState, setup, rnd, good):
+    """One exchange of the Laplace fit (:mod:`.precondition`): the workers' ``U_m``, gradients
+    and Hessians at the trial point plus the prior's; when it finishes, the transform and the
+    chains' start in ``z`` (``N(0, START_SCALE^2 I)``, velocities drawn afresh)."""
+    c = setup.config
+    prior = prior_potential(setup)
+    trial = state.laplace.trial
+    value = float(prior.value(trial[None])[0]) + sum(float(r.value) for _, r in good)
+    grad = prior.grad(trial[None])[0] + sum(r.grad for _, r in good)
+    hess = prior.hessian + sum(r.hess for _, r in good)
+    fit, done = PC.newton_update(state.laplace, value, grad, hess, c.laplace_steps)
+    grad_evals = state.grad_evals + sum(int(r.grad_evals) for _, r in good)
+    new = state._replace(grad_evals=grad_evals, exchanges=state.exchanges + 1, laplace=fit)
+    if done:
+        k, d = state.x.shape
+        rng = numpy_rng(derive_seed(setup.run_seed, "pdmc.start", 0, -1))
+        z = START_SCALE * rng.standard_normal((k, d))
+        new = new._replace(x=z, v=S.initial_velocity(c.sampler, rng, k, d), fitting=False,
+                           shift=fit.point.copy(),
+                           scale=PC.transform(preconditioner_kind(setup), fit.hess))
+    return new, _info(new, setup, rnd, good)
 
 
 def kept_chains(state: ServerState, setup) -> np.ndarray:
@@ -352,7 +521,7 @@ def kept_chains(state: ServerState, setup) -> np.ndarray:
     per = [state.samples[keep & (state.sample_chain == j)] for j in range(k)]
     n = min(len(p) for p in per)
     if n == 0:
-        return np.repeat(state.x[:, None, :], 1, axis=1)
+        return np.repeat(_to_model(state, state.x)[:, None, :], 1, axis=1)
     return np.stack([p[:n] for p in per])
 
 
@@ -371,7 +540,9 @@ def _metrics(state: ServerState, setup) -> dict:
 def _diagnostics(state: ServerState, setup) -> dict:
     out = {"exchanges": int(state.exchanges),
            "events_by_worker": [int(w) for w in state.winners],
-           "samples_per_chain": int(kept_chains(state, setup).shape[1])}
+           "samples_per_chain": int(kept_chains(state, setup).shape[1]),
+           "preconditioner": preconditioner_kind(setup),
+           "laplace_exchanges": int(state.laplace.steps)}
     return out
 
 
@@ -392,14 +563,31 @@ def _done(state: ServerState, setup) -> bool:
     if chains.shape[1] < 20:
         return False
 
-    return bool(np.min(SamplePosterior(chains).ess()) >= c.target_ess)
+    post = SamplePosterior(chains)
+    if np.min(post.ess()) < c.target_ess:
+        return False
+    if c.target_rhat == 0 or chains.shape[0] < 2:  # R-hat needs two chains
+        return True
+    return bool(np.max(post.rhat()) <= c.target_rhat)
+
+
+def _scale_template(setup) -> np.ndarray:
+    d = setup.prior.dim
+    return {"none": np.zeros(0), "diagonal": np.zeros(d),
+            "dense": np.zeros((d, d))}[preconditioner_kind(setup)]
 
 
 def _actions(setup) -> dict[str, ActionSpec]:
     k, d = setup.config.num_chains, setup.prior.dim
     z = np.zeros((k, d))
-    return {TRAIN: ActionSpec("train", Down(z, z, np.zeros(k), 0), Up(np.zeros(k), z, 0, 0),
-                              allow_inf=frozenset({"tau"}))}
+    scale = _scale_template(setup)
+    shift = np.zeros(0 if scale.size == 0 else d)
+    out = {TRAIN: ActionSpec("train", Down(z, z, np.zeros(k), 0, shift, scale),
+                             Up(np.zeros(k), z, 0, 0), allow_inf=frozenset({"tau"}))}
+    if scale.size:
+        out[LAPLACE] = ActionSpec("train", LaplaceDown(np.zeros(d), 0),
+                                  LaplaceUp(0.0, np.zeros(d), np.zeros((d, d)), 0, 0))
+    return out
 
 
 def _client_state_template(setup) -> ClientState:
@@ -411,6 +599,15 @@ def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | N
     sent (a reflection keeps it), this exchange."""
     if reply.number != state.exchanges + 1:
         return "number", f"answers exchange {reply.number}, expected {state.exchanges + 1}"
+    if reply.grad_evals < 0:
+        return "grad_evals", f"must be >= 0, got {reply.grad_evals}"
+    if action == LAPLACE:  # U_m, its gradient and Hessian: finite (generic) and not absurd
+        for field in ("value", "grad", "hess"):
+            big = float(np.max(np.abs(getattr(reply, field))))
+            if big > LAPLACE_LIMIT:
+                return field, (f"|{field}| reaches {big:.3g}, beyond the limit "
+                               f"{LAPLACE_LIMIT:g} (no data term of a float64 model gets there)")
+        return None
     if np.any(reply.tau <= 0):
         return "tau", f"event times must be > 0, smallest {float(reply.tau.min()):.4g}"
     if reply.grad_evals < 0:
@@ -437,12 +634,17 @@ def _prior_diag(config: PDMCConfig, model) -> bool:
 
 def _memory_estimate(setup) -> MemoryEstimate:
     """The rate bounds PDMC's workers hold: each worker's and the prior's potential keeps a
-    ``d x d`` Hessian bound and its absolute value, ``2 (K + 1) d^2`` float64s, plus ``8 C d``
+    ``d x d`` Hessian bound and its absolute value, ``2 (K + 1) d^2`` float64s (twice that with
+    a preconditioner: the bounds in ``z`` too), plus ``8 C d``
     for the chains' positions, velocities and proposals (the stored samples grow on top)."""
     k, c = setup.num_clients, setup.config.num_chains
     d = setup.model.param_dim(setup.num_features)
-    nbytes = (2 * (k + 1) * d * d + 8 * c * d) * 8
-    return MemoryEstimate(nbytes, f"2 (K + 1) d^2 + 8 C d float64s, K = {k}, C = {c}, d = {d}",
+    # a preconditioner doubles the bounds held (the model's and those in z)
+    per = 2 if PC.resolve(setup.config.preconditioner, d, setup.config.dp_epsilon > 0) == \
+        "none" else 4
+    nbytes = (per * (k + 1) * d * d + 8 * c * d) * 8
+    return MemoryEstimate(nbytes, f"{per} (K + 1) d^2 + 8 C d float64s, K = {k}, C = {c}, "
+                                  f"d = {d}",
                           "use fewer features, or a family without d x d rate bounds "
                           "(pvi with pvi.covariance=diag, dsvgd, sgld)")
 

@@ -4,7 +4,13 @@
 the server's prior to a fixed process time, with the same exchange as the bundle
 (:mod:`fedbayes_flwr.algorithms.pdmc.bundle`): the server's own proposal and horizon, every worker's
 proposal from its own stream, the earliest event per chain. It returns the samples taken every
-``delta`` units of process time and the work counters.
+``delta`` units of process time and the work counters. With ``preconditioner`` (``diagonal``,
+``dense``, ``auto`` = dense) the chains run in ``z`` of ``x = m + L z`` from the Laplace fit
+(:func:`fedbayes_flwr.algorithms.pdmc.precondition.laplace_fit`, from the mean of ``x0``; the
+split re-centred at ``m``: :func:`~fedbayes_flwr.algorithms.pdmc.precondition.split_at_mode`): the
+starts ``x0`` are mapped to ``z`` (an exact draw of ``x`` stays one), the velocities ``v0`` are
+taken as ``z``-velocities (their law is the same), and the samples and final ``x`` are returned
+in the model's coordinates (``v`` stays in ``z``).
 
 References
 ----------
@@ -18,7 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedbayes_flwr.algorithms.pdmc import precondition as PC
 from fedbayes_flwr.algorithms.pdmc import sampler as S
+from fedbayes_flwr.inference.potentials import precondition, to_model
 
 
 class Run(NamedTuple):
@@ -36,12 +44,20 @@ class Run(NamedTuple):
 
 def simulate(workers: list, prior, sampler: str, x0: np.ndarray, v0: np.ndarray,
              process_time: float, delta: float, seed: int = 0, refresh: float = 0.0,
-             max_horizon: float = 1.0, burn_in: float = 0.0) -> Run:
+             max_horizon: float = 1.0, burn_in: float = 0.0, preconditioner: str = "none") -> Run:
     """Run every chain to ``process_time``; samples at ``j delta >= burn_in`` (module docstring).
 
     Worker ``m`` (1-based; the server is 0) draws from ``default_rng([seed, exchange, m])``.
     """
     x, v = np.array(x0, dtype=np.float64), np.array(v0, dtype=np.float64)
+    kind = PC.resolve(preconditioner, x.shape[1], private=False)
+    shift, scale = np.zeros(0), np.zeros(0)
+    if kind != "none":
+        shift, scale, fit = PC.laplace_fit([prior, *workers], x.mean(0), kind)
+        workers, prior = PC.split_at_mode(workers, prior, shift, fit.grad)
+        workers = [precondition(w, shift, scale) for w in workers]
+        prior = precondition(prior, shift, scale)
+        x = (x - shift) / scale if scale.ndim == 1 else np.linalg.solve(scale, (x - shift).T).T
     k, d = x.shape
     t = np.zeros(k)
     next_sample = np.full(k, float(np.ceil(burn_in / delta) * delta))
@@ -69,6 +85,8 @@ def simulate(workers: list, prior, sampler: str, x0: np.ndarray, v0: np.ndarray,
         events += event
         winners += np.bincount(winner[event], minlength=winners.size)
     rows, points = np.concatenate(rows_all), np.concatenate(points_all)
+    if kind != "none":
+        points, x = to_model(points, shift, scale), to_model(x, shift, scale)
     per = [points[rows == j] for j in range(k)]
     n = min(len(p) for p in per)
     return Run(np.stack([p[:n] for p in per]), x, v, events, grad_evals, exchanges, winners)

@@ -93,7 +93,12 @@ def _slopes(potential, sampler: str, v: np.ndarray) -> np.ndarray:
     if sampler == "zigzag":
         if potential.quadratic:
             return v * (v @ potential.hessian.T)
-        return np.abs(v) @ potential.hess_abs.T
+        b = np.abs(v) @ potential.hess_abs.T
+        if getattr(potential, "cauchy_schwarz", False):  # a preconditioned convex potential
+            vbv = np.einsum("ki,ij,kj->k", v, potential.hess_bound, v)
+            cs = np.sqrt(np.diag(potential.hess_bound))[None, :] * np.sqrt(np.maximum(vbv, 0.0))[:, None]
+            b = np.minimum(b, cs)
+        return b
     return np.einsum("ki,ij,kj->k", v, potential.hess_bound, v)
 
 
@@ -186,7 +191,9 @@ def server_proposal(prior, sampler: str, x, v, refresh: float, max_horizon: floa
     ``refresh``), whichever is first, capped at ``max_horizon`` (``+inf`` beyond)."""
     k, d = x.shape
     cap = np.full(k, max_horizon)
-    own = propose(prior, sampler, x, v, cap, rng) if np.any(prior.hessian) else Proposal(
+    linear = getattr(prior, "linear", None)  # a re-centred split's tilt (potentials.tilt)
+    moves = np.any(prior.hessian) or (linear is not None and np.any(linear))
+    own = propose(prior, sampler, x, v, cap, rng) if moves else Proposal(
         np.full(k, np.inf), v.copy(), 0)
     tau, velocity = own.tau.copy(), own.velocity.copy()
     if refresh > 0:
