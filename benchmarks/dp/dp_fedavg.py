@@ -1,10 +1,11 @@
 """DP-FedAvg, the baseline of issue 29: the maths, the accountants and the in-process replica.
 
 Two guarantees, two algorithms; both start from the project's FedAvg point estimate
-(:mod:`fedbayes_flwr.algorithms.fedavg`: ``theta`` from one prior draw, Adam ascent on
+(:mod:`fedbayes_flwr.algorithms.fedavg`: Adam ascent on
 ``log p(D_k | theta) + log p0(theta) / K`` from the received ``theta``) on the project's data and
 partitions (:func:`fedbayes_flwr.runtime.experiment.build_experiment`, so the split is the one
-DP-PVI sees for the same seed):
+DP-PVI sees for the same seed), from the point PVI's local optimisation starts at
+(:func:`initial_theta`):
 
 **Client-level DP-FedAvg** (``client-level``; McMahan et al. 2018, Algorithm 1 with every client
 each round): what Flower's own ``DifferentialPrivacyClientSideFixedClipping`` wrapper around
@@ -53,6 +54,7 @@ from dp_accounting import rdp
 
 from fedbayes_flwr.algorithms import fedavg
 from fedbayes_flwr.algorithms.particles import prior_score
+from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.experiment import Experiment, build_experiment
@@ -101,13 +103,25 @@ def experiment(problem: Problem, seed: int) -> Experiment:
                                               "seed": int(seed)}))
 
 
-def evaluate(exp: Experiment, theta: np.ndarray) -> dict:
-    """Test accuracy, NLL, ECE (and the rest) of the plug-in predictive of ``theta``: a point
-    estimate is the delta posterior, a one-draw :class:`SamplePosterior`, through the model's
-    ``metrics`` (:mod:`fedbayes_flwr.evaluation.predictive`), as for every other posterior."""
-    metrics, _ = exp.model.metrics(SamplePosterior(np.asarray(theta, np.float64)[None]),
-                                   exp.dataset.x_test, exp.dataset.y_test)
+def evaluate_posterior(exp: Experiment, posterior) -> dict:
+    """Test accuracy, NLL, ECE (and the rest) of ``posterior``'s predictive through the model's
+    ``metrics`` (:mod:`fedbayes_flwr.evaluation.predictive`): the same function for DP-PVI's
+    Gaussian and for FedAvg's point estimate."""
+    metrics, _ = exp.model.metrics(posterior, exp.dataset.x_test, exp.dataset.y_test)
     return {k: float(v) for k, v in metrics.items()}
+
+
+def evaluate(exp: Experiment, theta: np.ndarray) -> dict:
+    """:func:`evaluate_posterior` of the plug-in predictive of ``theta``: a point estimate is the
+    delta posterior, a one-draw :class:`SamplePosterior`."""
+    return evaluate_posterior(exp, SamplePosterior(np.asarray(theta, np.float64)[None]))
+
+
+def initial_theta(exp: Experiment) -> np.ndarray:
+    """Where DP-FedAvg starts: the mean PVI's local optimisation starts from at the prior
+    (``model.local_init``: the prior mean, zero, for logistic regression; the model's fixed-seed
+    He initialisation for a BNN), so both methods start from the same point."""
+    return G.to_moments(exp.model.local_init(exp.prior, exp.setup.num_features))[0].astype(np.float64)
 
 
 def client_seed(seed: int, variant: str, server_round: int, partition_id: int) -> np.ndarray:
@@ -232,7 +246,7 @@ def run_client_level(problem: Problem, seed: int, epsilon: float, delta: float,
     exp = experiment(problem, seed)
     sigma = client_level_sigma(problem, epsilon, delta)
     noise = np.random.RandomState(seed if noise_seed is None else noise_seed)
-    theta = fedavg.initial_theta(exp.setup)
+    theta = initial_theta(exp)
     k = exp.num_clients
     history = []
     for r in range(1, problem.rounds + 1):
@@ -268,7 +282,7 @@ def run_record_level(problem: Problem, seed: int, epsilon: float, delta: float) 
     """Record-level DP-FedAvg: every client DP-SGD locally, the server the ``n_k``-weighted mean."""
     exp = experiment(problem, seed)
     sigmas = record_level_sigmas(exp, problem, epsilon, delta)
-    theta = fedavg.initial_theta(exp.setup)
+    theta = initial_theta(exp)
     k = exp.num_clients
     sizes = [len(p) for p in exp.partitions]
     qs = [lot(problem, n) / n for n in sizes]

@@ -48,8 +48,6 @@ from flwr.supercore.privacy_accounting import (  # noqa: E402
 )
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant  # noqa: E402
 
-from fedbayes_flwr.algorithms import fedavg  # noqa: E402
-
 WEIGHT = "dp-weight"
 
 
@@ -100,7 +98,7 @@ def make_server_app(problem: dp_fedavg.Problem, seed: int, epsilon: float, delta
         # replica's RandomState(seed) stream
         np.random.seed(seed)  # noqa: NPY002
         t0 = time.perf_counter()
-        result = strategy.start(grid, ArrayRecord({"theta": Array(fedavg.initial_theta(exp.setup))}),
+        result = strategy.start(grid, ArrayRecord({"theta": Array(dp_fedavg.initial_theta(exp))}),
                                 num_rounds=problem.rounds)
         theta = result.arrays["theta"].numpy()
         spent = math.inf if accountant is None else accountant.get_privacy_spent().epsilon
