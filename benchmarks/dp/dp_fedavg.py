@@ -20,14 +20,14 @@ noise multiplier ``sigma`` (``dp_accounting``'s RDP, add-or-remove-one; Flower's
 
 **Record-level DP-FedAvg** (``record-level``; Abadi et al. 2016, Algorithm 1, run locally by each
 client): each local step Poisson-samples a lot with rate ``q_k = L_k / n_k`` (``L_k = min(L,
-n_k)``), clips every per-example gradient of ``log p(y_i | theta)`` to norm ``C``, adds
-``N(0, sigma_k^2 C^2)`` to the sum and divides by the expected lot ``L_k``; the rescaled estimate
-``n_k / L_k * (...)`` plus the (data-free) prior share drives Adam. Neighbouring datasets differ
-in one *record* of one client, the guarantee DP-PVI gives; each client is accounted over all its
-``R * S`` steps (``PoissonSampledDpEvent(q_k, GaussianDpEvent(sigma_k))`` composed ``R S`` times)
-and calibrates its own ``sigma_k`` to the target. The server's ``n_k``-weighted mean is
-post-processing; ``n_k`` is treated as public (as Abadi et al.'s normalisation by the expected lot
-``q n`` does).
+n_k)``; ``L = 0``: the full batch, ``q_k = 1``, as DP-PVI's ``pvi.batch-size = 0``), clips every
+per-example gradient of ``log p(y_i | theta)`` to norm ``C`` and adds ``N(0, sigma_k^2 C^2)`` to
+their sum; ``n_k / L_k`` times that (the full-data gradient's estimate, normalised by the expected
+lot) plus the data-free prior share drives Adam. Neighbouring datasets differ in one *record* of
+one client, the guarantee DP-PVI gives; each client is accounted over all its ``R S`` steps
+(``PoissonSampledDpEvent(q_k, GaussianDpEvent(sigma_k))`` composed ``R S`` times) and calibrates
+its own ``sigma_k`` to the target. The server's ``n_k``-weighted mean is post-processing; ``n_k``
+is treated as public (as Abadi et al.'s normalisation by the expected lot ``q n`` does).
 
 Noise multipliers are calibrated with ``dp_accounting.calibrate_dp_mechanism`` over an
 ``RdpAccountant`` (record level: integer orders, :data:`RECORD_ORDERS`), never by a formula.
@@ -82,7 +82,7 @@ class Problem(NamedTuple):
     rounds: int
     local_steps: int
     learning_rate: float
-    lot_size: int          # record level: expected lot L (q_k = min(L, n_k) / n_k); client level: mini-batch
+    lot_size: int          # expected lot L (q_k = min(L, n_k) / n_k; 0: full batch); client level: batch
     record_clip: float     # per-example gradient clip (record level)
     client_clip: float     # update clip (client level, Flower's clipping_norm)
 
@@ -179,8 +179,9 @@ def calibrate(event_of_sigma, epsilon: float, delta: float, orders=None) -> floa
 
 
 def lot(problem: Problem, n: int) -> int:
-    """The client's expected lot ``L_k = min(L, n_k)``."""
-    return min(problem.lot_size, n)
+    """The client's expected lot ``L_k = min(L, n_k)``; ``L = 0``: the full batch ``n_k``
+    (``q = 1``, as ``pvi.batch-size = 0``)."""
+    return n if problem.lot_size <= 0 else min(problem.lot_size, n)
 
 
 # ---------------------------------------------------------------------------- local problems
