@@ -231,6 +231,51 @@ def plot(runs: dict, summary: dict, path: str) -> None:
     _save(fig, path)
 
 
+# ---------------------------------------------------------------------------- the docs page
+DOCS_PAGE = os.path.join(common.ROOT, "docs", "benchmarks-dp.md")
+START, END = "<!-- dp-sweep:start -->", "<!-- dp-sweep:end -->"
+
+
+def render_docs(doc: dict) -> str:
+    """The docs' results section (between the markers) from the benchmark's JSON: the settings,
+    the tables, the Flower check and where the numbers come from."""
+    parts = [START, "", "| problem | rounds | local steps | learning rate | lot | record clip | "
+             "client clip |", "|---|---|---|---|---|---|---|"]
+    for name, st in doc["settings"].items():
+        parts.append(f"| {name} | {st['rounds']} | {st['local_steps']} | {st['learning_rate']:g} | "
+                     f"{st['lot_size'] or 'full batch'} | {st['record_clip']:g} | "
+                     f"{st['client_clip']:g} |")
+    parts += ["", "Mean (min-max) over the seeds; *epsilon spent* is the largest any seed's "
+              "accountant reported (record level: the worst client).", "", table(doc["summary"])]
+    check = doc.get("flower_check")
+    if check and "error" not in check:
+        parts += [f"Flower check ({check['problem']}, seed {check['seed']}, epsilon "
+                  f"{check['epsilon']:g}, {check['rounds']} rounds): the Simulation Engine run of "
+                  f"Flower's `DifferentialPrivacyClientSideFixedClipping(FedAvg)` with "
+                  f"`fixedclipping_mod` and the in-process replica end at the same `theta` to "
+                  f"{check['max_abs_theta_difference']:.1e} (largest coordinate difference); "
+                  f"Flower's accountant reported epsilon {check['flower_accountant_epsilon']:.6f}, "
+                  f"`dp_accounting` {check['dp_accounting_epsilon']:.6f}; test accuracy "
+                  f"{check['flower_metrics']['test_accuracy']:.4f} in both. The Flower run took "
+                  f"{check['flower_wall_s']:.0f} s, the replica about a second.", ""]
+    machine = doc["machine"]
+    parts += [f"Measured {doc['started']} ({machine['cpus']} CPUs shared with other jobs, "
+              f"{machine['platform']}); `benchmarks/results/dp/dp_sweep.json`, plot "
+              f"`benchmarks/results/dp/dp_sweep.png`.", "", END]
+    return "\n".join(parts)
+
+
+def write_docs(doc: dict, page: str = DOCS_PAGE) -> None:
+    with open(page) as f:
+        text = f.read()
+    if START not in text or END not in text:
+        raise SystemExit(f"{page}: no {START} ... {END} section")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    with open(page, "w") as f:
+        f.write(head + render_docs(doc) + tail)
+
+
 # ---------------------------------------------------------------------------- the Flower check
 def flower_check(problem: dp_fedavg.Problem, seed: int, epsilon: float, work_dir: str) -> dict:
     """One client-level setting through Flower's Simulation Engine (``flower_app.py`` in a fresh
@@ -281,11 +326,16 @@ def main(argv: list[str] | None = None) -> int:
                              "through the Simulation Engine and compare with the replica")
     parser.add_argument("--fresh", action="store_true", help="start a new JSON (default: keep runs)")
     parser.add_argument("--replot", action="store_true", help="redraw the plot from the JSON")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="rewrite docs/benchmarks-dp.md's results section from the JSON (nothing runs)")
     args = parser.parse_args(argv)
     rounds_given = args.rounds
     args = common.resolve_common_args(args, NAME)
     if args.replot:
         common.replot(args, NAME, plot, table)
+        return 0
+    if args.write_docs:
+        write_docs(common.read_results(args, NAME))
         return 0
     problems = parse_list(args.problems, PROBLEMS)
     methods = parse_list(args.methods, METHODS)

@@ -106,3 +106,21 @@ def test_quick_sweep_writes_fedavg_rows_within_target(tmp_path):
     assert rows["2"]["all_within_target"] and rows["2"]["dp_epsilon_max"] <= 2.0
     assert "client" in doc["guarantees"]["dp-fedavg-client"]
     assert (tmp_path / "results" / "dp_sweep.png").is_file()
+
+
+def test_docs_tables_are_rendered_from_the_committed_json():
+    """docs/benchmarks-dp.md's results section is what ``dp_sweep.py --write-docs`` renders from
+    ``benchmarks/results/dp/dp_sweep.json``; that JSON is a full run (not ``--quick``) in which
+    every finished DP run stayed within its target epsilon."""
+    import dp_sweep
+
+    with open(os.path.join(dp_sweep.common.ROOT, "benchmarks", "results", "dp", "dp_sweep.json")) as f:
+        doc = json.load(f)
+    with open(dp_sweep.DOCS_PAGE) as f:
+        page = f.read()
+    section = page.split(dp_sweep.START, 1)[1].split(dp_sweep.END, 1)[0]
+    assert dp_sweep.START + section + dp_sweep.END == dp_sweep.render_docs(doc)
+    assert not doc["quick"]
+    runs = [r for by_method in doc["runs"].values() for by_eps in by_method.values()
+            for by_seed in by_eps.values() for r in by_seed.values() if "metrics" in r]
+    assert runs and all(r["within_target"] for r in runs)
