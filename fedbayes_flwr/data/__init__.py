@@ -94,6 +94,10 @@ def load_dataset(
           not standardised; stratified fixed split like ``"breast-cancer"``; for targets
           ``"binary"`` or ``"multiclass"``. Used by DSVGD's Bayesian logistic regression
           (Kassab & Simeone 2022, Section 7).
+        * ``"mnist-like"``: MNIST-shaped data generated from a fixed seed (no download),
+          60,000 training and 10,000 test rows of 28 x 28 pixels in [0, 1], 10 classes from
+          a random teacher network (:mod:`fedbayes_flwr.data.mnist_like`); for target
+          ``"multiclass"``; `test_fraction` does not apply (MNIST's split).
         * ``"mixture-1d"``: the two local likelihoods of DSVGD's 1-D toy (Kassab &
           Simeone 2022, Section 7.1), one row per agent, each row ``(w_1, m_1, v_1, w_2,
           m_2, v_2)`` meaning ``sum_j w_j N(theta | m_j, v_j)`` (``v`` a variance):

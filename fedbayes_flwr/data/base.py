@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 DATASETS = ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d",
-            "amps-mixture", "amps-gaussian", "lda-corpus", "latent-features")
+            "amps-mixture", "amps-gaussian", "lda-corpus", "latent-features", "mnist-like")
 """Names of the embedded datasets accepted by :func:`fedbayes_flwr.data.load_dataset`."""
 
 DATASET_DESCRIPTIONS = {
@@ -37,6 +37,7 @@ DATASET_DESCRIPTIONS = {
     "amps-gaussian": "the AMPS paper's Gaussian example: x ~ N(1, 1), 100 training points",
     "lda-corpus": "a synthetic LDA corpus: 100 words, 10 topics, 1,000 training documents",
     "latent-features": "the AMPS paper's latent-feature data: 5 binary features in 10 dimensions",
+    "mnist-like": "MNIST-shaped, generated (fixed seed): 60,000 + 10,000 rows of 28x28 pixels, 10 classes",
 }
 """One line per name of :data:`DATASETS` (``run_simulation.py list datasets``)."""
 

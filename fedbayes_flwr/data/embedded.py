@@ -1,5 +1,6 @@
 """The embedded datasets: scikit-learn's ``breast-cancer``, ``diabetes`` and ``digits``, the
-generated ``twonorm``, and the ``mixture-1d`` likelihood rows.
+generated ``twonorm`` and ``mnist-like`` (:mod:`.mnist_like`), and the ``mixture-1d``
+likelihood rows.
 
 Each uses a fixed train/test split (``random_state=0``, stratified for classification)
 independent of the run seed, so results are comparable across seeds; ``twonorm`` is also
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedbayes_flwr.data.base import DataError, Dataset, f64, fits, i64, needs
+from fedbayes_flwr.data.mnist_like import make_mnist_like
 
 __all__ = ["EMBEDDED", "MIXTURE_1D_ROWS", "TWONORM_DIM", "TWONORM_SEED", "TWONORM_SIZE", "load_embedded"]
 
@@ -37,6 +39,7 @@ EMBEDDED = {
     "digits": ("multiclass", "10-class labels"),
     "twonorm": ("binary", "binary labels"),
     "mixture-1d": ("none", "no targets (likelihood rows)"),
+    "mnist-like": ("multiclass", "10-class labels"),
 }
 """Embedded set name -> (target kind it provides, that kind in words)."""
 
@@ -57,7 +60,8 @@ def load_embedded(name: str, target: str, test_fraction: float) -> Dataset:
     -------
     Dataset
         ``holdout_rows`` is 0: the split is part of the dataset's definition (``mixture-1d``
-        ignores `test_fraction`: its test rows are its training rows).
+        ignores `test_fraction`: its test rows are its training rows; ``mnist-like`` too: its
+        split is MNIST's 60,000 / 10,000).
 
     Raises
     ------
@@ -75,6 +79,8 @@ def load_embedded(name: str, target: str, test_fraction: float) -> Dataset:
         return _twonorm(test_fraction)
     if name == "mixture-1d":
         return _mixture_1d()
+    if name == "mnist-like":
+        return make_mnist_like()
     return _digits(test_fraction)
 
 

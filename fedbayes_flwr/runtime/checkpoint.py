@@ -241,7 +241,8 @@ def load(output_dir: str) -> Checkpoint:
         text = str(arrays.pop(_META))
         digest = str(arrays.pop(_DIGEST)) if _DIGEST in arrays else None
         meta = json.loads(text)
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError) as err:  # zipfile: unsupported flags, "encrypted"
         raise CheckpointError(f"resume: cannot read {path} ({type(err).__name__}: "
                               f"{str(err) or 'empty'})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:

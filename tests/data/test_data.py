@@ -83,7 +83,7 @@ def _mean_tv(labels: np.ndarray, parts: list[np.ndarray]) -> float:
 
 def test_constants():
     assert DATASETS == ("breast-cancer", "diabetes", "digits", "synthetic", "twonorm", "mixture-1d",
-                        "amps-mixture", "amps-gaussian", "lda-corpus", "latent-features")
+                        "amps-mixture", "amps-gaussian", "lda-corpus", "latent-features", "mnist-like")
     assert PARTITIONS == ("iid", "dirichlet", "pathological", "natural")
     assert TARGETS == ("none", "real", "binary", "multiclass")
     assert SYNTHETIC == ("gaussian-mean", "linear", "logistic", "softmax", "sine", "mixture-1d",
@@ -216,7 +216,7 @@ def test_diabetes():
         ("digits", "real", "'digits' has 10-class labels; this model needs real-valued targets"),
         ("digits", "none", "'digits' has 10-class labels; this model needs no targets"),
         ("mnist", "binary", "breast-cancer, diabetes, digits, synthetic, twonorm, mixture-1d, "
-                              "amps-mixture, amps-gaussian, lda-corpus, latent-features or hub:"),
+                              "amps-mixture, amps-gaussian, lda-corpus, latent-features, mnist-like or hub:"),
     ],
 )
 def test_bad_dataset_target(name, target, needle):

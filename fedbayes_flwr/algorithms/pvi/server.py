@@ -51,7 +51,10 @@ def init_server(prior: NaturalGaussian, num_clients: int,
     zeros = _stacked_zeros(prior, num_clients)
     return state._replace(factors=zeros, deltas=zeros,
                           received=np.zeros(num_clients, dtype=bool),
-                          history=S.init_history(zeros, config.anderson_memory),
+                          # rows only for Anderson: 4 (m + 1) K d float64s otherwise unused
+                          # (15 GB for 1,000 clients of a 79,510-parameter network)
+                          history=S.init_history(zeros, config.anderson_memory
+                                                 if config.acceleration == "anderson" else -1),
                           proximal=config.first_proximal(monte_carlo))
 
 

@@ -145,7 +145,8 @@ class History(NamedTuple):
 
 
 def init_history(factors: NaturalGaussian, memory: int) -> History:
-    """An empty history for ``memory`` differences, shaped after the stacked ``factors``."""
+    """An empty history for ``memory`` differences, shaped after the stacked ``factors``
+    (``memory = -1``: no rows, for runs without Anderson acceleration)."""
     def zeros(a):
         return np.zeros((memory + 1, *a.shape), dtype=np.float64)
 
