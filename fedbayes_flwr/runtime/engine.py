@@ -140,7 +140,11 @@ def _iterate_barrier(exp: Experiment, num_updates: int, resume=None, on_record=N
         step = 0 if settled else step + 1
         rnd = Round(number, step, round_seed(config.seed, bundle.name, number, step), everyone,
                     eval_point(number, config.eval_every, num_updates))
-        requests = bundle.requests(state, setup, rnd)
+        try:  # requests may stop the run too (a privacy budget that the next round would pass)
+            requests = bundle.requests(state, setup, rnd)
+        except RunStopped as err:
+            _stopped_at(err, update, state, side, tally, on_record)
+            raise
         replies = {pid: side.reply(state, pid, req, number, 0, tally)
                    for pid, req in sorted(requests.items())}
         try:

@@ -67,6 +67,9 @@ def build_experiment(config: RunConfig) -> Experiment:
         partitions = tuple(partition_indices(
             dataset, config.num_clients, config.partition, alpha=config.partition_alpha,
             classes_per_client=config.partition_classes, seed=config.seed))
+    check_partitions = getattr(config.section, "validate_partitions", None)  # data-time checks
+    if check_partitions is not None:
+        check_partitions([len(p) for p in partitions])
     exp = assemble(config, dataset, partitions, num_classes(dataset))
     check = getattr(exp.model, "check_data", None)  # structured models: e.g. LDA needs counts
     reason = check(dataset.x_train) if check else None

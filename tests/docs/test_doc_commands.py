@@ -181,7 +181,7 @@ def test_deployment_test_command_selects_only_the_deployment_tests():
     assert all(ln.split("::")[0].endswith(("test_deployment.py", "test_ray_cluster.py",
                                             "test_flwr_run.py", "test_resume.py", "test_api.py",
                                             "test_new_user.py", "test_doc_commands.py",
-                                            "test_compare.py"))
+                                            "test_compare.py", "test_dp_pvi.py"))
                for ln in selected), selected
 
 

@@ -4,7 +4,8 @@
 and messages), ``client`` (the local step, the free-energy terms), ``server`` (the damped update
 and the step search over candidate steps), ``step`` (step control: Anderson, the non-monotone
 window), ``tempered`` (the proximal local problem), ``presets`` (the baselines' named settings),
-``bundle`` (the bundle and its registrations). The local Gaussian VI solver is shared:
+``bundle`` (the bundle and its registrations), ``privacy`` (DP-PVI's accountant: sampling rate,
+noise calibration, epsilon spent, through ``dp-accounting``). The local Gaussian VI solver is shared:
 :mod:`fedbayes_flwr.inference.vi`.
 
 The public names are re-exported here: ``from fedbayes_flwr.algorithms.pvi import PVIConfig``.

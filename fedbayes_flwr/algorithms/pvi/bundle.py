@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.pvi import privacy
 from fedbayes_flwr.algorithms.pvi.client import (
     candidate_terms,
     client_step,
@@ -82,7 +83,7 @@ from fedbayes_flwr.algorithms.pvi.messages import (
     ServerState,
     StepMessage,
 )
-from fedbayes_flwr.algorithms.pvi.presets import PRESETS
+from fedbayes_flwr.algorithms.pvi.presets import PRESETS, with_dp_plan
 from fedbayes_flwr.algorithms.pvi.server import (
     _stacked_zeros,
     broadcast,
@@ -98,6 +99,7 @@ from fedbayes_flwr.algorithms.pvi.server import (
     server_step,
     staleness_step,
 )
+from fedbayes_flwr.errors import RunStopped
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.gaussian import NaturalGaussian
 from fedbayes_flwr.inference.posterior import GaussianPosterior
@@ -141,6 +143,8 @@ def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
         pids = sorted(rnd.idle)
     else:
         pids = select_clients(setup.run_seed, rnd.number, setup.num_clients, schedule)
+    if setup.config.private:
+        _check_budget(state, setup, pids)
     if setup.config.server_held:
         return {pid: Request(STEP, StepMessage(state.posterior, factor_of(state, pid),
                                                state.server_round + 1, float(state.proximal)))
@@ -183,14 +187,51 @@ def _server_step(state: ServerState, replies, setup, rnd):
         return state._replace(phase=PHASE_TRAIN), StepInfo(
             updates=0, rejected=rejected, metrics={"log_marginal_likelihood": lml})
     state, info = server_step(state, replies, config.server_damping)
-    metrics = {"log_marginal_likelihood": None}
+    metrics: dict = {"log_marginal_likelihood": None}
+    if config.private:
+        state = _account(state, replies, setup)
+        metrics.update(_dp_metrics(state, setup))
     if config.optimise_prior:
         state, metrics["prior_scale"] = optimise_prior_scale(state)
-    evaluate = rnd.evaluate and config.schedule != "asynchronous"  # async: nobody is free
+    # async: nobody is free; DP: the free-energy query would release data without noise
+    evaluate = rnd.evaluate and config.schedule != "asynchronous" and not config.private
     if evaluate:
         state = state._replace(phase=PHASE_EVALUATE)
     return state, StepInfo(updates=1, accepted=info.accepted, rejected=info.rejected,
                            settled=not evaluate, metrics=metrics)
+
+
+def _account(state: ServerState, replies, setup) -> ServerState:
+    """DP runs: count a round for every client asked to train (a rejected reply was computed
+    too), and note the rows each reply reports (the sampling rate ``batch-size / n_k``)."""
+    examples, rounds = state.dp_examples.copy(), state.dp_participations.copy()
+    for pid, reply in replies:
+        rounds[pid] += 1
+        if not isinstance(reply, Rejection):
+            examples[pid] = int(reply.num_examples)
+    return state._replace(dp_examples=examples, dp_participations=rounds)
+
+
+def _dp_metrics(state: ServerState, setup) -> dict:
+    """``dp_epsilon`` (spent so far at ``dp_delta``, the worst client) for the history row."""
+    config = setup.config
+    eps = privacy.worst_spent(config, state.dp_examples, state.dp_participations,
+                              setup.num_clients)
+    return {"dp_epsilon": eps, "dp_delta": float(config.dp_delta)}
+
+
+def _check_budget(state: ServerState, setup, pids) -> None:
+    """Stop the run (:class:`RunStopped`, results kept) before a round would take a client
+    past ``dp-epsilon`` (a given noise multiplier; a calibrated one stays within it for the
+    planned ``dp-rounds``)."""
+    config = setup.config
+    over = privacy.over_target(config, state.dp_examples, state.dp_participations, pids,
+                               setup.num_clients)
+    if over is not None:
+        pid, eps = over
+        raise RunStopped(f"pvi.dp-epsilon: round {state.server_round + 1} would take partition "
+                         f"{pid} to epsilon {eps:.4g} > target {config.dp_epsilon:g} (delta "
+                         f"{config.dp_delta:g}); stopped before it")
 
 
 def _posterior(state: ServerState, setup):
@@ -272,4 +313,5 @@ BUNDLE = Bundle(
 
 def registrations():
     """``(name, bundle, preset, description)`` for PVI and its baselines (the registry calls it)."""
-    return [(name, BUNDLE, preset, description) for name, (preset, description) in PRESETS.items()]
+    return [(name, BUNDLE, with_dp_plan(preset), description)
+            for name, (preset, description) in PRESETS.items()]

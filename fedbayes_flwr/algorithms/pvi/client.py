@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedbayes_flwr.algorithms import commit
+from fedbayes_flwr.algorithms.pvi import privacy
 from fedbayes_flwr.algorithms.pvi.config import PVIConfig
 from fedbayes_flwr.algorithms.pvi.messages import (
     CandidateMessage,
@@ -38,12 +39,15 @@ def sync_client(state: ClientState, accepted_round: int) -> ClientState:
 
 
 def local_optimum(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGaussian,
-                  config: PVIConfig) -> NaturalGaussian:
-    """``argmax_q F_k(q)``: closed form for conjugate models, else the configured optimiser.
+                  config: PVIConfig, num_clients: int = 1) -> NaturalGaussian:
+    """``argmax_q F_k(q)``: closed form for conjugate models, else the configured optimiser;
+    always DP-SGD in a DP run (``pvi.dp``: :func:`private_optimum`).
 
     For a conjugate model the tilted distribution ``q_cav x p(y_k | theta)`` is Gaussian; a full
     covariance family takes it exactly, a mean-field family takes its KL projection.
     """
+    if config.private:
+        return private_optimum(seed, model, x, y, cavity, init, config, num_clients)
     factor = model.likelihood_factor(x, y) if config.closed_form else None
     if factor is not None:
         tilted = G.add(G.like(factor, cavity), factor)
@@ -61,6 +65,29 @@ def local_optimum(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGauss
         return fit_fixed_point(seed, model, x, y, cavity, init, config.fixed_point_iterations,
                                config.local_damping, config.vi.mc_samples)
     return fit_gaussian(seed, model, x, y, cavity, model.local_init(init, x.shape[1]), config.vi)
+
+
+def private_optimum(seed, model, x, y, cavity: NaturalGaussian, init: NaturalGaussian,
+                    config: PVIConfig, num_clients: int) -> NaturalGaussian:
+    """The DP-SGD local solve (:func:`fedbayes_flwr.inference.vi.fit_gaussian_dp_sgd`) with this
+    client's sampling rate ``batch-size / n_k`` and noise multiplier (given, or calibrated for
+    its ``n_k``: :mod:`fedbayes_flwr.algorithms.pvi.privacy`).
+
+    References
+    ----------
+    Heikkila et al. (2023), "Differentially private partitioned variational inference", TMLR,
+    Section 4 (DP-SGD clients).
+    """
+    from fedbayes_flwr.inference.vi import DPSGDConfig, fit_gaussian_dp_sgd
+
+    n = int(x.shape[0])
+    if config.batch_size > n:  # a node with its own data (the server checked the split ones)
+        raise ValueError(f"pvi.batch-size: {config.batch_size} is larger than this partition's "
+                         f"{n} rows (pvi.dp={config.dp})")
+    dp = DPSGDConfig(float(config.dp_clip), privacy.noise_multiplier(config, n, num_clients),
+                     privacy.sampling_rate(config.batch_size, n))
+    return fit_gaussian_dp_sgd(seed, model, x, y, cavity, model.local_init(init, x.shape[1]),
+                               config.vi, dp)
 
 
 def cavity_for(config: PVIConfig, posterior: NaturalGaussian, factor: NaturalGaussian,
@@ -93,7 +120,7 @@ def client_step(seed, state: ClientState, message: ServerMessage, model, x, y, c
     """
     state = sync_client(state, message.accepted_round)
     cavity = cavity_for(config, message.posterior, state.value, prior, num_clients)
-    q_new = local_optimum(seed, model, x, y, cavity, message.posterior, config)
+    q_new = local_optimum(seed, model, x, y, cavity, message.posterior, config, num_clients)
     if config.cavity == "no-deletion":
         change = G.sub(q_new, message.posterior)
     else:

@@ -31,6 +31,9 @@ COVARIANCES = ("auto", "full", "diag")
 
 
 ACCELERATIONS = ("none", "anderson")
+
+
+DP_MODES = ("none", "dp-sgd")
 DAMPING_FLOOR = 1e-6
 """The smallest damping (and ``damping * server-damping``) accepted: an update moves the factors
 that fraction of the way, so below it a run of any practical length stays at the prior."""
@@ -102,6 +105,35 @@ class PVIConfig:
         agree to cosine 0.99 in the means and 0.97 in the log-variances; the free energy falls
         linearly from ``s = 0``), so a monotone rule stalls there, while fixed damping moves on
         and recovers.
+    dp : str
+        ``none`` (default: no privacy, the plain PVI above) or ``dp-sgd``: record-level
+        differential privacy of everything a client releases, by DP-SGD on its local free
+        energy (:func:`fedbayes_flwr.inference.vi.fit_gaussian_dp_sgd`, Heikkila et al. 2023)
+        with the privacy spent counted by ``dp-accounting``'s RDP accountant
+        (:mod:`fedbayes_flwr.algorithms.pvi.privacy`). A DP run uses client-held factors with
+        the numeric ``damping`` (``damping = auto`` is refused: its step search asks every
+        client for free energies of its data), the divergence guard and the free-energy query
+        are off, every local solve is DP-SGD (``local-optimiser = auto`` or ``adam``;
+        ``fixed-point`` is refused, ``closed-form`` does not apply), the asynchronous schedule
+        is refused. The expected lot size is ``batch-size`` (Poisson sampling at rate ``q =
+        batch-size / n_k``; 0: ``q = 1``, every row in every step).
+    dp_clip : float
+        ``C`` > 0: the L2 bound of every per-example gradient over all variational parameters
+        (``pvi.dp-clip``, default 1.0).
+    dp_noise_multiplier : float
+        ``sigma`` >= 0: the Gaussian noise added to each step's clipped sum has standard
+        deviation ``sigma * C``; 0 (default) calibrates ``sigma`` from ``dp-epsilon`` for the
+        planned run.
+    dp_epsilon : float
+        Target epsilon (0: none). With a calibrated ``sigma`` no client exceeds it over
+        ``dp-rounds`` rounds; with a given ``sigma`` the run stops before a round would take a
+        client past it.
+    dp_delta : float
+        ``delta`` in (0, 1), required with ``dp = dp-sgd``: epsilon is reported at this delta
+        (pick it below ``1 / n_k``).
+    dp_rounds : int
+        The rounds the calibration plans for (0: ``num-rounds``; a DP run fills it in, so a
+        resumed run keeps its noise).
     proximal : float or "auto"
         KL-proximal local solves (server-held synchronous factors): with ``beta > 0`` a
         client maximises ``E_q[log p(y_k | theta)] - KL(q || q_cav) - beta * KL(q || q_now)``
@@ -166,6 +198,12 @@ class PVIConfig:
     step_memory: bool = True
     nonmonotone: int = 5
     proximal: float | str = "auto"
+    dp: str = "none"
+    dp_clip: float = 1.0
+    dp_noise_multiplier: float = 0.0
+    dp_epsilon: float = 0.0
+    dp_delta: float = 0.0
+    dp_rounds: int = 0
 
     def __post_init__(self):  # TOML / CLI give "auto" or a number (maybe as text)
         object.__setattr__(self, "damping", auto_or_number(self.damping, float))
@@ -200,10 +238,18 @@ class PVIConfig:
         return self.rho * self.server_damping
 
     @property
+    def private(self) -> bool:
+        """Whether the run is differentially private (``dp != "none"``)."""
+        return self.dp != "none"
+
+    @property
     def server_held(self) -> bool:
         """Whether the run uses server-held factors and the server's step rule: synchronous
         PVI with ``auto`` or the guard. Sequential and asynchronous PVI keep client-held factors
-        (``auto`` is damping 1 there: see the module docstring)."""
+        (``auto`` is damping 1 there: see the module docstring). Never in a DP run: the step
+        rule's free energies are queries of the clients' data."""
+        if self.private:
+            return False
         return ((self.schedule == "synchronous" and (self.auto or self.guard))
                 or (self.schedule == "asynchronous" and self.auto))
 
@@ -282,3 +328,48 @@ class PVIConfig:
              f"must be >= 0 (0 = full batch), got {self.batch_size}")
         need(not (run.model.startswith("bnn-") and self.covariance == "full"), "covariance",
              f"model {run.model!r} supports only a mean-field posterior; use covariance='diag'")
+        self._validate_dp(need)
+
+    def validate_partitions(self, sizes) -> None:
+        """Data-time checks (``sizes``: each partition's training rows): a DP run's expected lot
+        ``batch-size`` must fit every client's data (its sampling rate is ``batch-size / n_k``)."""
+        if not self.private:
+            return
+        for pid, n in enumerate(sizes):
+            if self.batch_size > int(n):
+                raise ConfigError(f"pvi.batch-size: {self.batch_size} is larger than partition "
+                                  f"{pid}'s {int(n)} rows (pvi.dp={self.dp} samples each row "
+                                  f"with probability batch-size / rows); use at most {int(n)}")
+
+    def _validate_dp(self, need) -> None:
+        """The DP keys, and the settings a DP run refuses because they would release data
+        without noise (one line each)."""
+        need(self.dp in DP_MODES, "dp",
+             f"unknown dp mode {self.dp!r}; choose one of {', '.join(DP_MODES)}")
+        if not self.private:
+            for key, value in (("dp-epsilon", self.dp_epsilon),
+                               ("dp-noise-multiplier", self.dp_noise_multiplier)):
+                need(value == 0, key, f"set to {value:g} but pvi.dp is 'none' (no privacy); "
+                     f"set pvi.dp=dp-sgd")
+            return
+        need(self.dp_clip > 0, "dp-clip", f"must be > 0, got {self.dp_clip}")
+        need(self.dp_noise_multiplier >= 0, "dp-noise-multiplier",
+             f"must be >= 0 (0: calibrate from pvi.dp-epsilon), got {self.dp_noise_multiplier}")
+        need(self.dp_epsilon >= 0, "dp-epsilon",
+             f"must be > 0 (0: no target), got {self.dp_epsilon}")
+        need(not (self.dp_epsilon > 0 and self.dp_delta == 0), "dp-epsilon",
+             f"a target epsilon {self.dp_epsilon:g} needs pvi.dp-delta in (0, 1)")
+        need(0 < self.dp_delta < 1, "dp-delta",
+             f"must be in (0, 1) with pvi.dp={self.dp} (epsilon is reported at this delta), "
+             f"got {self.dp_delta}")
+        need(self.dp_noise_multiplier > 0 or self.dp_epsilon > 0, "dp-noise-multiplier",
+             "0 calibrates the noise from pvi.dp-epsilon, which is not set; give one of them")
+        need(self.dp_rounds >= 0, "dp-rounds", f"must be >= 0 (0: num-rounds), got {self.dp_rounds}")
+        need(self.local_optimiser in ("auto", "adam"), "local-optimiser",
+             f"{self.local_optimiser!r} is a deterministic solve on the raw local data; "
+             f"pvi.dp={self.dp} trains with DP-SGD (local-optimiser auto or adam)")
+        need(not self.auto, "damping",
+             f"'auto' searches steps on free energies the clients compute from their data; "
+             f"pvi.dp={self.dp} needs a number in (0, 1], e.g. pvi.damping=0.5")
+        need(self.schedule != "asynchronous", "schedule",
+             f"pvi.dp={self.dp} is accounted per barrier round; use synchronous or sequential")

@@ -30,7 +30,9 @@ class ServerState(NamedTuple):
     ``eta1 (M, d)``, ``eta2 (M, d[, d])``), the round's undamped deltas ``deltas`` and which
     clients sent one (``received``), the search exchanges made this round (``search``), the free
     energy of ``posterior`` (``free_energy``, NaN when not every client evaluated it) and the
-    Anderson history.
+    Anderson history. A DP run (``pvi.dp``) holds, per client, the rows it reported
+    (``dp_examples``) and the rounds it was asked to train in (``dp_participations``): the
+    privacy accountant's inputs (:mod:`fedbayes_flwr.algorithms.pvi.privacy`).
     """
 
     prior: NaturalGaussian
@@ -47,6 +49,8 @@ class ServerState(NamedTuple):
     last_step: float = float("nan")  # the step taken last round (step memory); NaN: none yet
     recent: tuple = ()  # free energies of the last rounds (non-monotone window), oldest first
     proximal: float = 0.0  # the proximal weight beta of the next round's local solves
+    dp_examples: np.ndarray | None = None  # DP runs: each client's rows (0: not reported yet)
+    dp_participations: np.ndarray | None = None  # DP runs: train requests each client answered
 
 
 # Client state: the accepted factor t_k (``value``) and the factor waiting for the server's ack

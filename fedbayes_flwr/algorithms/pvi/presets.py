@@ -41,6 +41,18 @@ def _global_vi_federated(c):
                           acceleration="none")
 
 
+def with_dp_plan(preset):
+    """``preset`` (None: none), then a DP run's ``dp-rounds`` filled in from ``num-rounds`` when
+    it is 0, so clients calibrate their noise for the rounds the run plans (and a resumed or
+    extended run keeps that noise). A run without DP is left exactly as ``preset`` leaves it."""
+    def planned(c):
+        c = preset(c) if preset is not None else c
+        if c.section.dp != "none" and c.section.dp_rounds == 0:
+            c = c.with_section(dp_rounds=c.num_rounds)
+        return c
+    return planned
+
+
 PRESETS = {
     "pvi": (None, "PVI: clients send damped natural-parameter deltas of their factors t_k"),
     "global-vi": (_global_vi, "the same model on the pooled data (M = 1): the reference"),

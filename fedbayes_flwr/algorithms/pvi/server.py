@@ -46,6 +46,9 @@ def init_server(prior: NaturalGaussian, num_clients: int,
     sets the first proximal weight of ``proximal = auto``)."""
     G.check_proper(prior, "prior")
     state = ServerState(prior, prior, 0, np.full(num_clients, NO_ROUND, dtype=np.int64))
+    if config is not None and config.private:
+        state = state._replace(dp_examples=np.zeros(num_clients, dtype=np.int64),
+                               dp_participations=np.zeros(num_clients, dtype=np.int64))
     if config is None or not config.server_held:
         return state
     zeros = _stacked_zeros(prior, num_clients)
