@@ -189,7 +189,7 @@ def test_flwr_commands_are_the_ones_the_flwr_test_runs():
     from tests.flower.test_flwr_run import FLWR_COMMANDS
 
     shown = [c for b in BASH if kind(b) == "flwr" for c in _commands(b.code)]
-    assert shown == FLWR_COMMANDS and len(shown) == 7
+    assert shown == FLWR_COMMANDS and len(shown) == 8
 
 
 def test_benchmark_commands_name_real_scripts_and_options():

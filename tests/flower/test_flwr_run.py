@@ -66,8 +66,8 @@ def _output_dir(command: str) -> str:
     return re.search(r"output-dir='\$PWD/([^']+)'", command).group(1)
 
 
-def test_docs_have_the_seven_flwr_commands():
-    assert len(FLWR_COMMANDS) == 7, FLWR_COMMANDS
+def test_docs_have_the_eight_flwr_commands():
+    assert len(FLWR_COMMANDS) == 8, FLWR_COMMANDS
     assert all("$PWD/" in c and "--federation-config" in c for c in FLWR_COMMANDS)
     # the resume command is the DSVGD command with resume= and a larger num-rounds
     first, again = FLWR_COMMANDS[2], FLWR_COMMANDS[3]
@@ -203,3 +203,19 @@ def test_docs_flwr_run_commands_verbatim_and_too_few_nodes_fail_fast(tmp_path):
         assert post["agent_samples"].shape == (3, 4, 10, 2)
         np.testing.assert_allclose(post["agent_samples"], local["agent_samples"], rtol=0,
                                    atol=1e-9)
+
+    # The DP-PVI command: the epsilon spent comes back in result.json, within its target, and
+    # the run equals in-process (the noise is drawn from the round's seeds on each node).
+    out_dir = app / _output_dir(FLWR_COMMANDS[7])
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result["outcome"] == "completed" and result["run_config"]["pvi.dp"] == "dp-sgd"
+    assert 3.9 < result["final"]["dp_epsilon"] <= 4.0 and result["final"]["dp_delta"] == 1e-5
+    assert all(0 < row["dp_epsilon"] <= 4.0 for row in result["history"])
+    keys = {"num-clients": 3, "num-rounds": 2, "pvi.dp": "dp-sgd", "pvi.dp-epsilon": 4.0,
+            "pvi.dp-delta": 1e-5, "pvi.damping": 0.1, "pvi.batch-size": 10, "pvi.local-steps": 20,
+            "pvi.learning-rate": 0.01, "pvi.mc-samples": 4, "output-dir": str(tmp_path / "dp-local")}
+    local_result = run_in_process(parse_run_config(keys), progress=False)
+    assert result["final"]["dp_epsilon"] == local_result["final"]["dp_epsilon"]
+    with (np.load(out_dir / "posterior.npz") as post,
+          np.load(tmp_path / "dp-local" / "posterior.npz") as local):
+        np.testing.assert_allclose(post["mean"], local["mean"], rtol=1e-9, atol=1e-12)
