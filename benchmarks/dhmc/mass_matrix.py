@@ -3,9 +3,10 @@
 Problems: ``benchmarks/dsvgd/problems.py``'s ``make_case("skewed", d=D, rho=R)`` (equicorrelated
 features, ``n = 2000`` rows, 10 label-skewed clients: each holds 90 % of one label), the
 logistic-regression model with the run's default prior, partition ``natural`` (one agent per
-client, ring of 10, ``mixing-rounds = auto``). Cells ``(rho, d)``: rho 0.8 at d 10 first, then
-rho 0, 0.5, 0.95 at d 10 and d 5, 30 at rho 0.8 (in that order; each cell's runs are written
-as they finish).
+client, ring of 10, ``mixing-rounds = auto``). Cells ``(rho, d)`` (``d`` features; the model
+adds an intercept): rho 0.8 at d 10 first, then rho 0.95 and 0 at d 10, d 30 at rho 0.8, rho 0.5
+at d 10 and d 5 at rho 0.8 (in that order; each run is written as it finishes; ``--skip``,
+``--cells``, ``--settings`` and ``--keep`` run a part and add it to the JSON).
 
 Each cell runs ``dhmc`` with ``dhmc.mass-matrix = none``, ``diagonal`` and ``dense``, everything
 else at its defaults (16 chains, 200 warm-up iterations, one leapfrog step, exact energy, agreed
@@ -52,7 +53,7 @@ from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.runtime.config import parse_run_config
 from fedbayes_flwr.runtime.experiment import build_experiment
 
-CELLS = [(0.8, 10), (0.0, 10), (0.5, 10), (0.95, 10), (0.8, 5), (0.8, 30)]
+CELLS = [(0.8, 10), (0.95, 10), (0.0, 10), (0.8, 30), (0.5, 10), (0.8, 5)]
 SETTINGS = ("none", "diagonal", "dense")
 AGENTS = 10
 
@@ -118,11 +119,18 @@ def main() -> None:
     parser = argument_parser(__doc__, "the first cell, 50 kept iterations", "unused")
     parser.add_argument("--iterations", type=int, default=200, help="kept iterations per run")
     parser.add_argument("--cells", type=int, default=len(CELLS), help="how many cells to run")
+    parser.add_argument("--skip", type=int, default=0, help="cells to skip (already in the JSON)")
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help="comma-separated mass-matrix settings (default: all three)")
+    parser.add_argument("--keep", action="store_true",
+                        help="add to the existing JSON instead of starting afresh")
     args = parser.parse_args()
     resolve_common_args(args, "mass_matrix")
-    cells = CELLS[:1] if args.quick else CELLS[:args.cells]
+    cells = CELLS[:1] if args.quick else CELLS[args.skip:args.cells]
     iterations = 50 if args.quick else args.iterations
-    results = start("mass_matrix", args, {"cells": {}}, iterations=iterations, agents=AGENTS)
+    settings = args.settings.split(",")
+    results = start("mass_matrix", args, {"cells": {}}, keep=args.keep, iterations=iterations,
+                    agents=AGENTS)
     for rho, d in cells:
         label = f"rho={rho:g} d={d}"
         path = make_case("skewed", args.work_dir, d=d, rho=rho)
@@ -131,7 +139,7 @@ def main() -> None:
         results.doc["cells"][label] = cell
         print(f"{label}: NUTS min ESS {nuts['ess_min']:.0f}, per full gradient "
               f"{nuts['ess_per_full_grad']:.2e}", flush=True)
-        for setting in SETTINGS:
+        for setting in settings:
             out = os.path.join(args.work_dir, f"{label.replace(' ', '_')}_{setting}")
             run = one(path, setting, iterations, out, args.seed, ref)
             cell["runs"][setting] = run

@@ -53,12 +53,14 @@ def test_estimate_is_stans_regularised_covariance():
 
 def test_auto_rule():
     """``auto``: dense for small d with enough draws, diagonal above 200 dimensions or with
-    fewer than 10 d draws in the last window, none without windows or with local decisions."""
+    fewer than 10 d draws in the last window, none without windows, with local decisions or
+    without step size adaptation."""
     assert MM.resolve("auto", 11, 200, 16) == "dense"
     assert MM.resolve("auto", 650, 200, 16) == "diagonal"
     assert MM.resolve("auto", 100, 200, 4) == "diagonal"  # 4 x 50 draws < 10 x 100
     assert MM.resolve("auto", 11, 10, 16) == "none"
     assert MM.resolve("auto", 11, 200, 16, "local") == "none"
+    assert MM.resolve("auto", 11, 200, 16, adapt=False) == "none"
     assert MM.resolve("diagonal", 11, 10, 16) == "diagonal"
 
 

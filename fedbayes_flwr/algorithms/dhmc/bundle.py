@@ -44,6 +44,15 @@ nothing is then accepted (acceptance 0.0007, R-hat 64). Samples are the agents' 
 chain after the warm-up; ESS and R-hat are computed across chains, never across agents (their
 copies are near-identical); every agent's iterates are saved as ``agent_samples``.
 
+**Mass matrix** (``dhmc.mass-matrix``, :mod:`fedbayes_flwr.algorithms.dhmc.mass`): in the warm-up's
+slow windows every agent adds its iterates to its statistics; the iteration after a window
+carries them in an extra block of every broadcast (mixed by the same ``W`` as the proposals),
+the flooding phase keeps the lowest-numbered agent's mixed block (so ``diagonal`` and
+``dense`` need ``decision = agree``), and at the end of that iteration every agent computes the
+same inverse mass from the same numbers and uses it from the next iteration on (momentum
+``N(0, M)``, position step ``epsilon M^{-1} p``, kinetic energy ``p^T M^{-1} p / 2``); the
+server restarts the step size's dual averaging. No extra exchange; ``none`` sends no block.
+
 **Stopping**: ``dhmc.iterations > 0`` sampling iterations, else the pooled minimum ESS reaches
 ``dhmc.target-ess`` or ``dhmc.max-seconds`` pass. **Failures**: a missing or bad reply is
 retried, then (``dhmc.on-dropout = stop``, the default) the run stops with the samples so far
@@ -204,7 +213,7 @@ class DHMCConfig:
     decision: str = "agree"
     mixing_schedule: str = ""
     on_dropout: str = "stop"
-    mass_matrix: str = "none"
+    mass_matrix: str = "auto"
 
     def __post_init__(self):  # TOML / CLI give "auto" or a number (maybe as text)
         object.__setattr__(self, "mixing_rounds", auto_or_number(self.mixing_rounds, int))
@@ -412,7 +421,8 @@ def mass_kind(setup) -> str:
     c = setup.config
     if c.integrator == ULA:
         return "none"
-    return MM.resolve(c.mass_matrix, setup.prior.dim, c.warmup, c.num_chains, c.decision)
+    return MM.resolve(c.mass_matrix, setup.prior.dim, c.warmup, c.num_chains, c.decision,
+                      c.adapt)
 
 
 def _mass(st) -> tuple:

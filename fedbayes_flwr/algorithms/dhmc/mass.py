@@ -75,16 +75,19 @@ def window_ends(warmup: int) -> frozenset:
     return frozenset(end for _, end in windows(warmup))
 
 
-def resolve(kind: str, dim: int, warmup: int, chains: int, decision: str = "agree") -> str:
+def resolve(kind: str, dim: int, warmup: int, chains: int, decision: str = "agree",
+            adapt: bool = True) -> str:
     """``none``, ``diagonal`` or ``dense``: ``kind`` itself unless ``auto``, which is ``none``
-    without slow windows (``warmup < 20``) or with local decisions (no flooding phase to agree
-    the matrix), ``diagonal`` when ``d > 200`` or the last window has fewer than ``10 d`` draws
+    without slow windows (``warmup < 20``), with local decisions (no flooding phase to agree
+    the matrix) or without step size adaptation (``adapt`` False: a fixed step was chosen for
+    unit mass, and a new ``M`` would change what it means; Stan's ``adapt engaged = false``
+    turns both off), ``diagonal`` when ``d > 200`` or the last window has fewer than ``10 d`` draws
     (``chains`` x its length: a dense estimate would be ill-conditioned), else ``dense``
     (the benchmark's choice, docs/families/dhmc.md)."""
     if kind != "auto":
         return kind
     wins = windows(warmup)
-    if not wins or decision != "agree":
+    if not wins or decision != "agree" or not adapt:
         return "none"
     start, end = wins[-1]
     if dim > AUTO_DENSE_MAX_DIM or chains * (end - start) < AUTO_DRAWS_PER_DIM * dim:
