@@ -13,9 +13,10 @@ else at its defaults (16 chains, 200 warm-up iterations, one leapfrog step, exac
 decisions) and ``dhmc.iterations`` kept iterations (``--iterations``, default 200: a fixed
 length, so the runs are compared at equal work), in-process. Reported per run: minimum ESS over
 coordinates and maximum R-hat (across chains), ESS per gradient evaluation (the library's
-``ess_per_grad_eval``: per LOCAL gradient, every agent's evaluations summed, warm-up included;
-and per full-data gradient, ``x m``: one iteration's ``m`` local gradients cost one gradient of
-the pooled data), ESS per exchange, ESS per second of the run, and the marginal W1 of every
+``ess_per_grad_eval``: per LOCAL gradient evaluation, one for all ``K`` chains, every agent's
+summed, warm-up included; and per full-data gradient of one chain, NUTS's unit: one local
+evaluation is ``K / m`` of those, ``m`` agents each holding ``1 / m`` of the rows), ESS per
+exchange, ESS per second of the run, and the marginal W1 of every
 coordinate to a long NUTS reference (:func:`fedbayes_flwr.evaluation.reference.nuts_reference`:
 ``tfp.mcmc`` NUTS, 4 chains x 2000 draws after 1000 warm-up, cached) in reference posterior sd
 (max and mean over coordinates). The centralised anchor is that NUTS run itself on the pooled
@@ -87,7 +88,7 @@ def one(path: str, setting: str, iterations: int, out: str, seed: int, ref: np.n
     return {"outcome": record["outcome"], "kept_iterations": int(chains.shape[1]),
             "ess_min": ess_min, "rhat_max": float(np.max(post.rhat())),
             "ess_per_grad_eval": ess_min / row["grad_evals"],
-            "ess_per_full_grad": ess_min / row["grad_evals"] * AGENTS,
+            "ess_per_full_grad": ess_min / (row["grad_evals"] * chains.shape[0] / AGENTS),
             "ess_per_exchange": ess_min / row["exchanges"], "ess_per_s": ess_min / row["wall_s"],
             "w1_max_sd": float(np.max(w1)), "w1_mean_sd": float(np.mean(w1)),
             "acceptance_rate": row["acceptance_rate"], "step_size": row["step_size"],
@@ -124,6 +125,9 @@ def main() -> None:
                         help="comma-separated mass-matrix settings (default: all three)")
     parser.add_argument("--keep", action="store_true",
                         help="add to the existing JSON instead of starting afresh")
+    parser.add_argument("--defaults", action="store_true",
+                        help="instead: the first cell with no length (target ESS 400, the "
+                             "110 s cap), mass-matrix none vs auto, under 'defaults'")
     args = parser.parse_args()
     resolve_common_args(args, "mass_matrix")
     cells = CELLS[:1] if args.quick else CELLS[args.skip:args.cells]
@@ -131,6 +135,17 @@ def main() -> None:
     settings = args.settings.split(",")
     results = start("mass_matrix", args, {"cells": {}}, keep=args.keep, iterations=iterations,
                     agents=AGENTS)
+    if args.defaults:
+        rho, d = CELLS[0]
+        path = make_case("skewed", args.work_dir, d=d, rho=rho)
+        _, ref = anchor(path, os.path.join(args.work_dir, "unused"))
+        runs = results.doc.setdefault("defaults", {"rho": rho, "features": d, "runs": {}})["runs"]
+        for setting in ("none", "auto"):
+            out = os.path.join(args.work_dir, f"defaults_{setting}")
+            runs[setting] = one(path, setting, 0, out, args.seed, ref)
+            results.write()
+            print(f"defaults {setting}: {runs[setting]}", flush=True)
+        cells = []
     for rho, d in cells:
         label = f"rho={rho:g} d={d}"
         path = make_case("skewed", args.work_dir, d=d, rho=rho)
