@@ -520,8 +520,10 @@ def _apply_and_begin(st: AgentState, pot, setup, msg: Down) -> AgentState:
             st = st._replace(stats=MM.add(st.stats, agent.w, kind))
         if t in MM.window_ends(setup.config.warmup):
             _, stats = MM.unpack(_block(st, d), st.stats.size)
-            inv = MM.estimate(stats, kind, d)
-            st = st._replace(inv_mass=inv, factor=MM.factor(inv), adapted=np.ones(1))
+            if stats[0] > 1:  # (a dropout's restart of this iteration lost the statistics:
+                # every agent holds the same flooded block, so all keep their matrix alike)
+                inv = MM.estimate(stats, kind, d)
+                st = st._replace(inv_mass=inv, factor=MM.factor(inv), adapted=np.ones(1))
     return _begin(st, pot, setup, msg.iteration + 1, msg.epsilon, msg.agents)
 
 
