@@ -2,7 +2,9 @@ r"""Decentralized Metropolis-adjusted HMC with gradient tracking: the agents' ma
 
 Notation: ``m`` agents on a connected graph with a symmetric doubly-stochastic mixing matrix
 ``W`` (:mod:`fedbayes_flwr.algorithms.decentralized.graphs`), ``s`` mixing rounds per phase, step
-``epsilon``, unit mass.
+``epsilon``, unit mass (or an agreed mass matrix ``M``: :mod:`fedbayes_flwr.algorithms.dhmc.mass`;
+then ``p ~ N(0, M)``, every ``epsilon p`` below is ``epsilon M^{-1} p`` and ``|p|^2 / 2`` is
+``p^T M^{-1} p / 2``: a linear change of coordinates, so every identity below holds unchanged).
 Agent ``i`` holds ``U_i(w) = -log p(D_i | w) - log p_0(w) / m`` (the prior split evenly, so
 ``U = sum_i U_i`` counts it once), its parameter copy ``w_i``, the gradient tracker ``y_i``
 (an estimate of the AVERAGE ``(1/m) sum_j grad U_j``; the network gradient is ``m y_i``) with
@@ -151,16 +153,45 @@ def init_agent(potential, w0: np.ndarray) -> AgentState:
                       np.zeros((k, d)), zeros.copy(), np.zeros((k, d)), zeros.copy(), np.zeros((k, d)))
 
 
+def velocity(p: np.ndarray, inv_mass=None) -> np.ndarray:
+    """``M^{-1} p`` for momenta ``p (K, d)``: ``p`` itself for unit mass (``inv_mass`` None),
+    ``p * M^{-1}`` for a diagonal ``(d,)``, ``p M^{-1}`` for a dense ``(d, d)`` (symmetric)."""
+    if inv_mass is None:
+        return p
+    return p * inv_mass if inv_mass.ndim == 1 else p @ inv_mass
+
+
+def kinetic(p: np.ndarray, inv_mass=None) -> np.ndarray:
+    """``p^T M^{-1} p / 2`` per chain."""
+    return 0.5 * np.sum(p * velocity(p, inv_mass), axis=-1)
+
+
+def momentum(xi: np.ndarray, factor=None) -> np.ndarray:
+    """``p ~ N(0, M)`` from the shared standard normals ``xi (K, d)``: ``xi`` for unit mass,
+    ``xi / sqrt(M^{-1})`` (diagonal; ``factor`` = ``1 / sqrt(M^{-1})``), ``C^{-T} xi`` with
+    ``M^{-1} = C C^T`` (dense; ``factor`` = ``C``), so ``Cov p = C^{-T} C^{-1} = M``
+    (:func:`fedbayes_flwr.algorithms.dhmc.mass.factor`)."""
+    if factor is None:
+        return xi
+    if factor.ndim == 1:
+        return xi * factor
+    from scipy.linalg import solve_triangular
+
+    return solve_triangular(factor, xi.T, trans="T", lower=True).T
+
+
 def begin(state: AgentState, potential, p: np.ndarray, epsilon, num_agents: int,
-          integrator: str = "leapfrog", energy: str = "taylor"):
-    """Phase 1: the proposal step. Returns ``(state, z, a)`` (``z``, ``a`` to broadcast)."""
+          integrator: str = "leapfrog", energy: str = "taylor", inv_mass=None):
+    """Phase 1: the proposal step. Returns ``(state, z, a)`` (``z``, ``a`` to broadcast).
+    ``p`` is the momentum (``N(0, M)``: :func:`momentum`), ``inv_mass`` ``M^{-1}`` (None:
+    unit mass); the position moves by ``epsilon M^{-1} p_half``."""
     eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
     g = num_agents * state.y
     if integrator == "euler":
         p_half = p - eps * g
     else:
         p_half = p - 0.5 * eps * g
-    delta = eps * p_half
+    delta = eps * velocity(p_half, inv_mass)
     z = state.w + delta
     if energy == "exact":
         c = potential.value(z) - potential.value(state.w)
@@ -192,16 +223,16 @@ def track(state: AgentState, potential, z_mixed: np.ndarray, y=None, g_last=None
 
 
 def advance(state: AgentState, potential, z_mixed: np.ndarray, y_mixed: np.ndarray, epsilon,
-            num_agents: int, last: bool):
+            num_agents: int, last: bool, inv_mass=None):
     """An inner step of an ``L``-step leapfrog trajectory (``L > 1``): the full momentum step
     with the tracked network gradient at the mixed position, ``p_half <- p_half - epsilon m y'``,
-    and the next position ``z = z' + epsilon p_half``; at the last position (``last``) the local
+    and the next position ``z = z' + epsilon M^{-1} p_half``; at the last position (``last``) the local
     energy change ``c = U_i(z_L) - U_i(w_i)`` (exact energy). Returns ``(state, z)``; the
     caller broadcasts ``z`` with ``aleph`` (inner steps: pure mixing, the trackers' averages
     unchanged) or ``aleph + c - c_last`` (the last)."""
     eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
     p_half = state.p_half - eps * num_agents * y_mixed
-    z = z_mixed + eps * p_half
+    z = z_mixed + eps * velocity(p_half, inv_mass)
     if not last:
         return state._replace(p_half=p_half), z
     c, lin = _split_energy(state, potential.value(z) - potential.value(state.w), z - state.w,
@@ -218,15 +249,20 @@ class Outcome(NamedTuple):
 
 
 def decide(state: AgentState, aleph_mixed, y_mixed, log_u: np.ndarray, epsilon,
-           num_agents: int, integrator: str = "leapfrog", metropolis: bool = True) -> Outcome:
-    """Phase 3a: this agent's energy change, acceptance probability and decision."""
+           num_agents: int, integrator: str = "leapfrog", metropolis: bool = True,
+           inv_mass=None) -> Outcome:
+    """Phase 3a: this agent's energy change (kinetic part ``p^T M^{-1} p / 2``), acceptance
+    probability and decision."""
     eps = np.asarray(epsilon, dtype=np.float64).reshape(-1, 1) if np.ndim(epsilon) else epsilon
     if integrator == "euler":  # the reverse momentum of the involution (module docstring)
         p_new = state.p_half - eps * num_agents * y_mixed
     else:
         p_new = state.p_half - 0.5 * eps * num_agents * y_mixed
-    kinetic = 0.5 * np.sum(p_new**2, axis=-1) - 0.5 * np.sum(state.p**2, axis=-1)
-    delta_h = num_agents * aleph_mixed + state.lin + kinetic
+    if inv_mass is None:  # unit mass (kept as it was: bitwise the same runs)
+        change = 0.5 * np.sum(p_new**2, axis=-1) - 0.5 * np.sum(state.p**2, axis=-1)
+    else:
+        change = kinetic(p_new, inv_mass) - kinetic(state.p, inv_mass)
+    delta_h = num_agents * aleph_mixed + state.lin + change
     with np.errstate(over="ignore", invalid="ignore"):
         prob = np.where(np.isfinite(delta_h), np.minimum(1.0, np.exp(-delta_h)), 0.0)
     accepted = (log_u < -delta_h) if metropolis else np.ones_like(delta_h, dtype=bool)
@@ -257,10 +293,11 @@ def apply(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, accepted) ->
 
 
 def finish(state: AgentState, z_mixed, aleph_mixed, y_mixed, y_kept, log_u: np.ndarray, epsilon,
-           num_agents: int, integrator: str = "leapfrog", metropolis: bool = True):
+           num_agents: int, integrator: str = "leapfrog", metropolis: bool = True,
+           inv_mass=None):
     """Phase 3 with this agent's own decision: ``(state, outcome)``."""
     out = decide(state, aleph_mixed, y_mixed, log_u, epsilon, num_agents, integrator,
-                 metropolis)
+                 metropolis, inv_mass)
     return apply(state, z_mixed, aleph_mixed, y_mixed, y_kept, out.accepted), out
 
 

@@ -44,6 +44,15 @@ nothing is then accepted (acceptance 0.0007, R-hat 64). Samples are the agents' 
 chain after the warm-up; ESS and R-hat are computed across chains, never across agents (their
 copies are near-identical); every agent's iterates are saved as ``agent_samples``.
 
+**Mass matrix** (``dhmc.mass-matrix``, :mod:`fedbayes_flwr.algorithms.dhmc.mass`): in the warm-up's
+slow windows every agent adds its iterates to its statistics; the iteration after a window
+carries them in an extra block of every broadcast (mixed by the same ``W`` as the proposals),
+the flooding phase keeps the lowest-numbered agent's mixed block (so ``diagonal`` and
+``dense`` need ``decision = agree``), and at the end of that iteration every agent computes the
+same inverse mass from the same numbers and uses it from the next iteration on (momentum
+``N(0, M)``, position step ``epsilon M^{-1} p``, kinetic energy ``p^T M^{-1} p / 2``); the
+server restarts the step size's dual averaging. No extra exchange; ``none`` sends no block.
+
 **Stopping**: ``dhmc.iterations > 0`` sampling iterations, else the pooled minimum ESS reaches
 ``dhmc.target-ess`` or ``dhmc.max-seconds`` pass. **Failures**: a missing or bad reply is
 retried, then (``dhmc.on-dropout = stop``, the default) the run stops with the samples so far
@@ -93,6 +102,7 @@ from fedbayes_flwr.algorithms.decentralized.mixing import (
 )
 from fedbayes_flwr.algorithms.decentralized.routing import padded_inboxes
 from fedbayes_flwr.algorithms.dhmc import agents as H
+from fedbayes_flwr.algorithms.dhmc import mass as MM
 from fedbayes_flwr.errors import ConfigError, RunStopped
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import SamplePosterior, TracePosterior
@@ -177,6 +187,13 @@ class DHMCConfig:
         ``stop`` (default: the run ends with a clear error and the samples so far saved) or
         ``continue`` (drop the agent and go on over the remaining connected graph; the target
         then excludes its data: module docstring).
+    mass_matrix : str
+        ``none`` (unit mass, the paper's), ``diagonal``, ``dense`` or ``auto``: a mass matrix
+        adapted in Stan-style warm-up windows from the agents' draws, agreed by gossip and a
+        flood so every agent holds the same one, then fixed
+        (:mod:`fedbayes_flwr.algorithms.dhmc.mass`; ``auto``:
+        :func:`fedbayes_flwr.algorithms.dhmc.mass.resolve`). ``diagonal`` and ``dense`` need
+        ``decision = agree``.
     """
 
     graph: str = "ring"
@@ -196,6 +213,7 @@ class DHMCConfig:
     decision: str = "agree"
     mixing_schedule: str = ""
     on_dropout: str = "stop"
+    mass_matrix: str = "auto"
 
     def __post_init__(self):  # TOML / CLI give "auto" or a number (maybe as text)
         object.__setattr__(self, "mixing_rounds", auto_or_number(self.mixing_rounds, int))
@@ -232,6 +250,12 @@ class DHMCConfig:
                                           and self.energy == "exact"), "leapfrog-steps",
              f"{self.leapfrog_steps} steps need integrator 'leapfrog' and energy 'exact' "
              f"(got {self.integrator!r}, {self.energy!r})")
+        need(self.mass_matrix in MM.KINDS, "mass-matrix",
+             f"unknown value {self.mass_matrix!r}; choose one of {', '.join(MM.KINDS)}")
+        need(self.mass_matrix in ("none", AUTO) or (self.decision == "agree"
+                                                   and self.integrator != ULA), "mass-matrix",
+             f"{self.mass_matrix!r} needs decision 'agree' (its flooding phase agrees the "
+             f"matrix) and a Metropolis integrator (got {self.decision!r}, {self.integrator!r})")
         need(self.on_dropout in DROPOUTS, "on-dropout",
              f"unknown value {self.on_dropout!r}; choose one of {', '.join(DROPOUTS)}")
         if self.mixing_schedule:
@@ -328,7 +352,10 @@ class ServerState(NamedTuple):
 class AgentState(NamedTuple):
     """One agent: the :class:`fedbayes_flwr.algorithms.dhmc.agents.AgentState` arrays, its current broadcast
     ``own (K, F)``, the mixed proposal, energy tracker and gradient tracker of the iteration in
-    progress, its decision bits, and the step size it began the iteration with."""
+    progress, its decision bits, and the step size it began the iteration with; the mass
+    matrix's window statistics, the agreed inverse mass and its momentum factor (zero-size for
+    ``mass-matrix = none``, and the unit mass until the first window's matrix is agreed: ``n`` of
+    ``stats`` is 0 then) and the agent's own number (which agent's statistics a flood keeps)."""
 
     agent: H.AgentState
     own: np.ndarray
@@ -338,6 +365,11 @@ class AgentState(NamedTuple):
     y_kept: np.ndarray
     decided: np.ndarray
     epsilon: np.ndarray
+    stats: np.ndarray
+    inv_mass: np.ndarray
+    factor: np.ndarray
+    ident: np.ndarray
+    adapted: np.ndarray
 
 
 class Down(NamedTuple):
@@ -377,9 +409,32 @@ class Up(NamedTuple):
 # ---------------------------------------------------------------------------- helpers
 def _dims(setup) -> tuple[int, int, int]:
     """``(K, d, F)``: chains, parameters, broadcast width (``[z, a]``: ``d + 1`` values;
-    ``[b, y]``: ``2 d``)."""
-    d = setup.prior.dim
-    return setup.config.num_chains, d, 2 * d + 1
+    ``[b, y]``: ``2 d``; then the mass matrix statistics' block,
+    :func:`fedbayes_flwr.algorithms.dhmc.mass.block_width` columns)."""
+    d, k = setup.prior.dim, setup.config.num_chains
+    return k, d, 2 * d + 1 + MM.block_width(mass_kind(setup), d, k)
+
+
+def mass_kind(setup) -> str:
+    """The run's mass matrix, ``auto`` resolved (:func:`fedbayes_flwr.algorithms.dhmc.mass.resolve`;
+    ``none`` for ULA)."""
+    c = setup.config
+    if c.integrator == ULA:
+        return "none"
+    return MM.resolve(c.mass_matrix, setup.prior.dim, c.warmup, c.num_chains, c.decision,
+                      c.adapt)
+
+
+def _mass(st) -> tuple:
+    """``(M^{-1}, factor)`` for the agents' maths: ``(None, None)`` for unit mass."""
+    if st.inv_mass.size == 0 or st.adapted[0] < 0.5:
+        return None, None
+    return st.inv_mass, st.factor
+
+
+def _block(st, d: int) -> np.ndarray:
+    """The statistics' block of the current broadcast (``(K, 0)`` without a mass matrix)."""
+    return st.own[:, 2 * d + 1:]
 
 
 def local_potential(setup, data, agents: int | None = None):
@@ -438,20 +493,38 @@ def _pad(values: np.ndarray, width: int) -> np.ndarray:
 def _begin(st: AgentState, pot, setup, iteration: int, epsilon: float,
            agents: int) -> AgentState:
     c = setup.config
-    p, _ = shared(setup, iteration)
-    agent, z, a = H.begin(st.agent, pot, p, epsilon, agents, c.integrator, c.energy)
+    xi, _ = shared(setup, iteration)
+    inv_mass, factor = _mass(st)
+    p = H.momentum(xi, factor)
+    agent, z, a = H.begin(st.agent, pot, p, epsilon, agents, c.integrator, c.energy, inv_mass)
     if c.leapfrog_steps > 1:  # the energy change enters with the trajectory's last position
         a = agent.aleph
-    return st._replace(agent=agent, own=_pad(np.concatenate([z, a[:, None]], axis=1),
-                                             2 * z.shape[1] + 1),
-                       epsilon=np.array([epsilon]))
+    own = _pad(np.concatenate([z, a[:, None]], axis=1), 2 * z.shape[1] + 1)
+    k, d, f = _dims(setup)
+    if f > 2 * d + 1:  # the statistics' block: a window's statistics travel in this iteration
+        block = np.zeros((k, f - 2 * d - 1))
+        if iteration in MM.window_ends(c.warmup):
+            block = MM.pack(st.stats, k, f - 2 * d - 1)
+            st = st._replace(stats=np.zeros_like(st.stats))
+        own = np.concatenate([own, block], axis=1)
+    return st._replace(agent=agent, own=own, epsilon=np.array([epsilon]))
 
 
 def _apply_and_begin(st: AgentState, pot, setup, msg: Down) -> AgentState:
     agent = H.apply(st.agent, st.z_mixed, st.aleph_mixed, st.y_mixed, st.y_kept,
                     st.decided > 0.5)
-    return _begin(st._replace(agent=agent), pot, setup, msg.iteration + 1, msg.epsilon,
-                  msg.agents)
+    st = st._replace(agent=agent)
+    if st.stats.size:  # the mass matrix: add this iteration's draws, adopt an agreed matrix
+        kind, d, t = mass_kind(setup), agent.w.shape[1], msg.iteration
+        if any(start <= t < end for start, end in MM.windows(setup.config.warmup)):
+            st = st._replace(stats=MM.add(st.stats, agent.w, kind))
+        if t in MM.window_ends(setup.config.warmup):
+            _, stats = MM.unpack(_block(st, d), st.stats.size)
+            if stats[0] > 1:  # (a dropout's restart of this iteration lost the statistics:
+                # every agent holds the same flooded block, so all keep their matrix alike)
+                inv = MM.estimate(stats, kind, d)
+                st = st._replace(inv_mass=inv, factor=MM.factor(inv), adapted=np.ones(1))
+    return _begin(st, pot, setup, msg.iteration + 1, msg.epsilon, msg.agents)
 
 
 # ---------------------------------------------------------------------------- bundle functions
@@ -468,11 +541,15 @@ def _client_state_template(setup) -> AgentState:
     k, d, f = _dims(setup)
     zk, zkd = np.zeros(k), np.zeros((k, d))
     agent = H.AgentState(zkd, zkd, zkd, zk, zk, zkd, zkd, zk, zkd, zk, zkd)
-    return AgentState(agent, np.zeros((k, f)), zkd, zk, zkd, zkd, zk, np.zeros(1))
+    kind = mass_kind(setup)
+    shape = {"none": (0,), "diagonal": (d,), "dense": (d, d)}[kind]
+    return AgentState(agent, np.zeros((k, f)), zkd, zk, zkd, zkd, zk, np.zeros(1),
+                      np.zeros(MM.num_stats(kind, d)), np.zeros(shape), np.zeros(shape),
+                      np.zeros(1), np.zeros(1))
 
 
 def _init_client(setup, partition_id: int) -> AgentState:
-    return _client_state_template(setup)
+    return _client_state_template(setup)._replace(ident=np.array([float(partition_id)]))
 
 
 def _phase_rounds(state: ServerState, setup, topo: Topology) -> int:
@@ -535,7 +612,8 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
                 agent, b = H.track(st.agent, pot, z, st.y_mixed, st.agent.grad_z)
                 kept = st.y_kept
             st = st._replace(agent=agent, z_mixed=z, aleph_mixed=a,
-                             own=np.concatenate([b, kept, np.zeros((k, 1))], axis=1))
+                             own=np.concatenate([b, kept, np.zeros((k, 1)), _block(st, d)],
+                                                axis=1))
             evals = 1
     elif msg.phase == MIX_B:
         st = st._replace(own=_mix(st.own, msg))
@@ -543,27 +621,38 @@ def _client_step(seed, st: AgentState, request: Request, data, setup):
             y, y_kept = st.own[:, :d], st.own[:, d:2 * d]
             last = msg.leap + 1 == c.leapfrog_steps
             agent, z = H.advance(st.agent, pot, st.z_mixed, y, float(st.epsilon[0]), msg.agents,
-                                 last)
+                                 last, _mass(st)[0])
             a = st.aleph_mixed + (agent.c - agent.c_last if last else 0.0)
             st = st._replace(agent=agent, y_mixed=y, y_kept=y_kept,
-                             own=np.concatenate([z, a[:, None], np.zeros((k, d))], axis=1))
+                             own=np.concatenate([z, a[:, None], np.zeros((k, d)),
+                                                 _block(st, d)], axis=1))
             evals = 0
         elif msg.round == msg.rounds:  # y' final: this agent's Metropolis decision
             y, y_kept = st.own[:, :d], st.own[:, d:2 * d]
             _, log_u = shared(setup, msg.iteration)
             out = H.decide(st.agent, st.aleph_mixed, y, log_u, float(st.epsilon[0]),
-                           msg.agents, c.integrator, bool(msg.metropolis))
+                           msg.agents, c.integrator, bool(msg.metropolis), _mass(st)[0])
             prob, decided = out.accept_prob, out.accepted.astype(np.float64)
-            st = st._replace(y_mixed=y, y_kept=y_kept, decided=decided, own=_pad(decided, f))
+            own = _pad(decided, f)
+            if f > 2 * d + 1:  # the flood keeps the lowest-numbered agent's mixed statistics
+                _, stats = MM.unpack(_block(st, d), st.stats.size)
+                own[:, 2 * d + 1:] = MM.pack(stats, k, f - 2 * d - 1, float(st.ident[0]))
+            st = st._replace(y_mixed=y, y_kept=y_kept, decided=decided, own=own)
             if not msg.flood:
                 st = _apply_and_begin(st, pot, setup, msg)
                 evals = c.energy == "exact"
     elif msg.phase == FLOOD:  # the AND of the neighbours' bits: after D rounds, everyone's
         bits = st.own[:, 0].copy()
+        block = _block(st, d)
         for j, sender in enumerate(msg.senders):
             if sender >= 0:
                 bits = np.minimum(bits, msg.inbox[j][:, 0])
-        st = st._replace(own=_pad(bits, f), decided=bits)
+                theirs = msg.inbox[j][:, 2 * d + 1:]
+                if theirs.size and theirs[0, 0] < block[0, 0]:
+                    block = theirs
+        own = _pad(bits, f)
+        own[:, 2 * d + 1:] = block
+        st = st._replace(own=own, decided=bits)
         decided = bits
         if msg.round == msg.rounds:
             st = _apply_and_begin(st, pot, setup, msg)
@@ -686,6 +775,9 @@ def _server_step(state: ServerState, replies, setup, rnd):
                 adaptation = H.dual_averaging_step(adaptation, prob, c.target_accept)
                 last = state.iteration == c.warmup - 1
                 eps = float(np.exp(adaptation.log_eps_bar if last else adaptation.log_eps))
+                if (state.iteration in MM.window_ends(c.warmup)
+                        and mass_kind(setup) != "none"):  # a new mass matrix: start afresh
+                    adaptation = H.dual_averaging_init(eps)
         else:
             disagreements = disagreements + (float(np.mean(own.any(0) & ~own.all(0))),)
     phase, rnd_next, complete = _next_phase(state, setup)
