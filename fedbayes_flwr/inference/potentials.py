@@ -239,8 +239,10 @@ class Preconditioned(Potential):
         self.scale = np.asarray(scale, dtype=np.float64)
         self.dim = base.dim
         self.quadratic = False
-        self.convex = base.convex
-        self.cauchy_schwarz = base.convex
+        self.convex = getattr(base, "convex", False)
+        self.cauchy_schwarz = self.convex
+        if getattr(base, "hess_bound", None) is None:  # no rate bounds (Metropolis-adjusted PDMC)
+            return
         if self.scale.ndim == 1:
             self.hess_bound = self.scale[:, None] * base.hess_bound * self.scale[None, :]
         else:
@@ -272,10 +274,11 @@ class Recentred(Potential):
         self.base = base
         self.offset = base.grad(np.asarray(point, dtype=np.float64)[None])[0]
         self.dim = base.dim
-        self.quadratic = base.quadratic
-        self.convex = base.convex
-        self.hess_bound = base.hess_bound
-        self.hess_abs = base.hess_abs
+        self.quadratic = getattr(base, "quadratic", False)
+        self.convex = getattr(base, "convex", False)
+        if getattr(base, "hess_bound", None) is not None:  # else no rate bounds (Metropolis)
+            self.hess_bound = base.hess_bound
+            self.hess_abs = base.hess_abs
 
     def grad(self, x):
         return self.base.grad(x) - self.offset
@@ -287,7 +290,9 @@ class Recentred(Potential):
         return self.base.hess_quad(x, v)
 
     def hessian_at(self, x):
-        return self.base.hessian_at(x)
+        if hasattr(self.base, "hessian_at"):
+            return self.base.hessian_at(x)
+        return super().hessian_at(x)  # by polarisation of hess_quad
 
     def transformed_hess_abs(self, scale):
         return self.base.transformed_hess_abs(scale)
