@@ -1,0 +1,190 @@
+"""Fed-PDMC without rate bounds (``pdmc.bounds = metropolis``): grid-interpolated rates and a
+Metropolis correction per trajectory (:mod:`fedbayes_flwr.algorithms.pdmc.metropolis`).
+
+The same tests as the exact sampler's, on potentials that hide their bounds: Gaussian exact
+moments within 4 MCSE (ESS from ``tfp.mcmc``), KS invariance from exact draws (Bonferroni family
+level 1e-3), and on a non-quadratic target (the hyperbolic secant law, whose grid rates are only
+approximate) the same checks plus power: dropping the Metropolis step fails the KS test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedbayes_flwr.algorithms.pdmc import metropolis as MH
+from fedbayes_flwr.algorithms.pdmc import sampler as S
+from fedbayes_flwr.algorithms.pdmc.driver import simulate
+from fedbayes_flwr.inference import potentials as P
+from fedbayes_flwr.inference.posterior import SamplePosterior
+
+D, N = 10, 50
+
+
+class Unbounded(P.Potential):
+    """A quadratic potential with its bounds hidden: only ``value``, ``grad``, ``hess_quad``
+    (what a user's ``LikelihoodModel`` has), so ``bounds = auto`` picks ``metropolis``."""
+
+    def __init__(self, inner: P.Quadratic):
+        self.inner, self.dim = inner, inner.dim
+
+    def grad(self, x):
+        return self.inner.grad(x)
+
+    def value(self, x):
+        return self.inner.value(x)
+
+    def hess_quad(self, x, v):
+        return self.inner.hess_quad(x, v)
+
+
+class Sech(P.Potential):
+    """``w sum_i log cosh(x_i)``: with shares summing to ``w = 1`` the target is the hyperbolic
+    secant law, density ``1 / (pi cosh x)``, CDF ``(2 / pi) arctan(e^x)``, variance
+    ``pi^2 / 4``, ``E x^4 = 5 pi^4 / 16``; its rates are not affine along lines."""
+
+    def __init__(self, dim: int, weight: float):
+        self.dim, self.w = dim, weight
+
+    def value(self, x):
+        return self.w * np.sum(np.logaddexp(x, -x), axis=1)
+
+    def grad(self, x):
+        return self.w * np.tanh(x)
+
+    def hess_quad(self, x, v):
+        return self.w * np.sum(v * v / np.cosh(x) ** 2, axis=1)
+
+
+def _sech_draws(rng, shape):
+    return np.log(np.tan(0.5 * np.pi * rng.random(shape)))
+
+
+def _sech_cdf(z):
+    return 2.0 / np.pi * np.arctan(np.exp(z))
+
+
+def test_auto_picks_metropolis_only_without_bounds():
+    assert MH.resolve("auto", has_bound=True) == "exact"
+    assert MH.resolve("auto", has_bound=False) == "metropolis"
+    q = P.gaussian_mean_potential(np.zeros((3, 2)), 1.0)
+    assert MH.has_bounds(q) and not MH.has_bounds(Unbounded(q)) and not MH.has_bounds(Sech(2, 1))
+    # a preconditioned or re-centred potential without bounds stays without (no AttributeError)
+    assert not MH.has_bounds(P.precondition(P.recentre(Sech(2, 1), np.ones(2)), np.zeros(2),
+                                            np.ones(2)))
+
+
+@pytest.mark.parametrize("sampler", S.SAMPLERS)
+@pytest.mark.parametrize("preconditioner", ["none", "dense"])
+def test_exact_moments_on_the_gaussian_example_without_bounds(sampler, preconditioner):
+    """Flat prior, N(ybar, I / N) from 4 workers that hide their bounds: every trajectory is
+    accepted (a quadratic's signed rate is affine along lines, so the grid rate is the rate),
+    and the end points' mean and variance are within 4 MCSE in every coordinate; a mean shifted
+    by 0.5 posterior sd fails (power: needs MCSE < 0.125 sd, i.e. ESS > 100... checked)."""
+    from tests.pdmc.test_pdmc import _paper_gaussian, _within_mcse
+
+    y = _paper_gaussian()
+    pots = [Unbounded(P.gaussian_mean_potential(part, 1.0)) for part in np.array_split(y, 4)]
+    prior = P.gaussian_prior_potential(D, None)
+    rng = np.random.default_rng(1)
+    k = 8
+    x0 = y.mean(0) + rng.standard_normal((k, D)) / np.sqrt(N)
+    stretch = 1.0 if preconditioner == "none" else np.sqrt(N)  # z has unit sd
+    run = simulate(pots, prior, sampler, x0, S.initial_velocity(sampler, rng, k, D),
+                   process_time=40.0 * stretch, delta=1.0, seed=4, refresh=1.0 / stretch,
+                   burn_in=2.0 * stretch, preconditioner=preconditioner, bounds="auto",
+                   trajectory=0.1 * stretch, rate_grid=0.05 * stretch)
+    assert run.acceptance == 1.0
+    ok, ess = _within_mcse(run.chains, y.mean(0), np.full(D, 1.0 / N))
+    assert ok, ess
+    assert np.min(ess) > 100
+    assert not _within_mcse(run.chains, y.mean(0), np.full(D, 1.0 / N), shift=0.5)[0]
+    assert np.all(run.winners[1:] > 0)
+
+
+def _sech_run(sampler, preconditioner, k, trajectories, grid, seed=3):
+    d = 2
+    rng = np.random.default_rng(seed)
+    pots = [Sech(d, 0.25) for _ in range(4)]
+    x0 = _sech_draws(rng, (k, d))
+    return simulate(pots, P.gaussian_prior_potential(d, None), sampler, x0,
+                    S.initial_velocity(sampler, rng, k, d), process_time=grid * trajectories,
+                    delta=1.0, seed=seed, refresh=0.5 if sampler == "bps" else 0.0,
+                    preconditioner=preconditioner, bounds="metropolis", trajectory=grid,
+                    rate_grid=grid)
+
+
+INVARIANCE = [(s, pre, target) for s in S.SAMPLERS for pre in ("none", "dense")
+              for target in ("gaussian", "sech")]
+
+
+@pytest.mark.parametrize("sampler, preconditioner, target", INVARIANCE)
+def test_invariance_from_exact_draws_without_bounds(sampler, preconditioner, target):
+    """2,000 chains from exact draws; after the Metropolis steps every coordinate passes a KS
+    test against the exact marginal (Bonferroni over coordinates and the 8 cases, family level
+    1e-3). The sech cases use a coarse grid (h = 2 = the trajectory: about 10% rejected) so the
+    correction is doing work; the Gaussian ones the exact grid rate with a Gaussian prior."""
+    k = 2000
+    if target == "sech":
+        run = _sech_run(sampler, preconditioner, k, trajectories=3, grid=2.0)
+        cdfs = [_sech_cdf] * 2
+        assert 0.5 < run.acceptance < 0.99  # the correction rejects some (and not all)
+    else:
+        d, prior_var = 3, 0.5
+        rng = np.random.default_rng(7)
+        y = 1.0 + rng.standard_normal((40, d))
+        pots = [Unbounded(P.gaussian_mean_potential(part, 1.0)) for part in np.array_split(y, 4)]
+        prec = 1.0 / prior_var + len(y)
+        mean, sd = y.sum(0) / prec, 1.0 / np.sqrt(prec)
+        x0 = mean + sd * rng.standard_normal((k, d))
+        stretch = 1.0 if preconditioner == "none" else 1.0 / sd
+        run = simulate(pots, P.gaussian_prior_potential(d, prior_var), sampler, x0,
+                       S.initial_velocity(sampler, rng, k, d), process_time=stretch, delta=1.0,
+                       seed=3, refresh=1.0 / stretch, preconditioner=preconditioner,
+                       bounds="metropolis", trajectory=0.5 * stretch, rate_grid=0.25 * stretch)
+        cdfs = [stats.norm(mean[j], sd).cdf for j in range(d)]
+        assert run.acceptance == 1.0
+    level = 1e-3 / (len(cdfs) * len(INVARIANCE))
+    for j, cdf in enumerate(cdfs):
+        p = stats.kstest(run.x[:, j], cdf).pvalue
+        assert p > level, (j, p)
+    assert run.events.mean() > 1  # the chains did move through events
+
+
+@pytest.mark.parametrize("sampler", S.SAMPLERS)
+def test_dropping_the_metropolis_step_is_caught(sampler, monkeypatch):
+    """Power: with every trajectory accepted (the mutant) the coarse-grid process is not
+    sech-invariant and the KS test of the invariance test (same level) fails, on 20,000 chains;
+    the real sampler passes on the same chains and seeds."""
+    level = 1e-3 / (2 * len(INVARIANCE))
+    k = 20000
+    good = _sech_run(sampler, "none", k, trajectories=4, grid=2.0)
+    assert all(stats.kstest(good.x[:, j], _sech_cdf).pvalue > level for j in range(2))
+    monkeypatch.setattr(MH, "path_terms", lambda pot, smp, path, x0, x1, h, m: (
+        np.zeros(x0.shape[0]), 0))
+    bad = _sech_run(sampler, "none", k, trajectories=4, grid=2.0)
+    assert bad.acceptance == 1.0
+    assert min(stats.kstest(bad.x[:, j], _sech_cdf).pvalue for j in range(2)) < level
+
+
+def test_moments_on_a_non_gaussian_target_within_4_mcse():
+    """The hyperbolic secant target from one over-dispersed start per chain (Zig-Zag, coarse
+    grid h = 1): mean 0 within 4 sd / sqrt(ESS_x) and variance pi^2 / 4 within
+    4 sd(x^2) / sqrt(ESS_{x^2}), sd(x^2) = sqrt(E x^4 - (E x^2)^2) = pi^2 / 2."""
+    d, k = 2, 8
+    rng = np.random.default_rng(5)
+    pots = [Sech(d, 0.5), Sech(d, 0.5)]
+    run = simulate(pots, P.gaussian_prior_potential(d, None), "zigzag",
+                   3.0 * rng.standard_normal((k, d)), S.initial_velocity("zigzag", rng, k, d),
+                   process_time=1500.0, delta=1.0, seed=5, burn_in=50.0, bounds="metropolis",
+                   trajectory=1.0, rate_grid=1.0)
+    assert 0.5 < run.acceptance < 1.0
+    chains = run.chains
+    ess_x = SamplePosterior(chains).ess()
+    ess_sq = SamplePosterior(chains**2).ess()
+    flat = chains.reshape(-1, d)
+    var, sd_sq = np.pi**2 / 4, np.pi**2 / 2
+    assert np.all(np.abs(flat.mean(0)) <= 4 * np.sqrt(var) / np.sqrt(ess_x)), ess_x
+    assert np.all(np.abs((flat**2).mean(0) - var) <= 4 * sd_sq / np.sqrt(ess_sq)), ess_sq
+    assert np.min(ess_sq) > 200
