@@ -110,7 +110,8 @@ def test_a_refused_algorithm_is_recorded_and_the_exit_code_is_still_0(tmp_path, 
     argv = ["--engine", "in-process", "--quiet", "--compare", "pdmc,pvi", "--model",
             "user-logistic", "--dataset", "synthetic", "--num-clients", "2", "--num-rounds", "1",
             "--reference", "none", "--run-config",
-            f"model-modules='{PLUGIN}' pvi.local-steps=100", "--output-dir", str(out)]
+            f"model-modules='{PLUGIN}' pvi.local-steps=100 pdmc.bounds='exact'", "--output-dir",
+            str(out)]
     assert run_simulation.main(argv) == 0, capsys.readouterr().err[-2000:]
     rows = {r["algorithm"]: r for r in _json(out / "compare.json")["algorithms"]}
     assert rows["pvi"]["outcome"] == "completed" and rows["pvi"]["test_accuracy"] > 0.5

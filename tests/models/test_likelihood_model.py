@@ -186,7 +186,8 @@ def test_plugin_models_run_in_process(tmp_path, model, algorithm):
 def test_pdmc_takes_a_rate_bound_and_refuses_a_model_without_one(tmp_path):
     parse_run_config({"algorithm": "pdmc", "model-modules": PLUGIN, "model": "user-probit"})
     with pytest.raises(ConfigError) as err:
-        parse_run_config({"algorithm": "pdmc", "model-modules": PLUGIN, "model": "user-poisson"})
+        parse_run_config({"algorithm": "pdmc", "model-modules": PLUGIN, "model": "user-poisson",
+                          "pdmc.bounds": "exact"})  # auto runs it (tests/pdmc/test_pdmc_metropolis)
     assert "rate_bound" in str(err.value) and "\n" not in str(err.value)
     x = np.random.default_rng(2).normal(size=(20, 3))
     y = (x[:, 0] > 0).astype(np.int64)

@@ -210,8 +210,8 @@ def test_failing_worker_is_retried_then_the_run_stops_with_results_saved(tmp_pat
 def test_models_without_rate_bounds_are_refused():
     from fedbayes_flwr.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="PDMC needs rate bounds"):
-        parse_run_config({"algorithm": "pdmc", "model": "bnn-classifier"})
+    with pytest.raises(ConfigError, match="PDMC needs rate bounds"):  # auto: metropolis
+        parse_run_config({"algorithm": "pdmc", "model": "bnn-classifier", "pdmc.bounds": "exact"})
     with pytest.raises(ConfigError, match="pdmc.sampler"):
         parse_run_config({**GM, "pdmc.sampler": "hmc"})
 

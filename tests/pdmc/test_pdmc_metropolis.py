@@ -161,8 +161,8 @@ def test_dropping_the_metropolis_step_is_caught(sampler, monkeypatch):
     k = 20000
     good = _sech_run(sampler, "none", k, trajectories=4, grid=2.0)
     assert all(stats.kstest(good.x[:, j], _sech_cdf).pvalue > level for j in range(2))
-    monkeypatch.setattr(MH, "path_terms", lambda pot, smp, path, x0, x1, h, m: (
-        np.zeros(x0.shape[0]), 0))
+    monkeypatch.setattr(MH, "path_terms", lambda pot, smp, path, h, m, k: (np.zeros(k), 0))
+    monkeypatch.setattr(MH, "end_terms", lambda pot, x0, x1: np.zeros(x0.shape[0]))
     bad = _sech_run(sampler, "none", k, trajectories=4, grid=2.0)
     assert bad.acceptance == 1.0
     assert min(stats.kstest(bad.x[:, j], _sech_cdf).pvalue for j in range(2)) < level
@@ -188,3 +188,105 @@ def test_moments_on_a_non_gaussian_target_within_4_mcse():
     assert np.all(np.abs(flat.mean(0)) <= 4 * np.sqrt(var) / np.sqrt(ess_x)), ess_x
     assert np.all(np.abs((flat**2).mean(0) - var) <= 4 * sd_sq / np.sqrt(ess_sq)), ess_sq
     assert np.min(ess_sq) > 200
+
+
+# ------------------------------------------------------------------ the bundle
+GM = {"algorithm": "pdmc", "model": "gaussian-mean", "dataset": "synthetic",
+      "synthetic-dim": 3, "synthetic-size": 60, "num-clients": 4, "partition": "iid",
+      "prior-scale": 1.0}
+
+
+@pytest.mark.parametrize("sampler", S.SAMPLERS)
+def test_bundle_metropolis_matches_the_exact_posterior(tmp_path, sampler):
+    """``pdmc.bounds = metropolis`` through the generic engine (4 workers, Gaussian prior, the
+    dense preconditioner of ``auto``): every trajectory accepted (quadratic shares), and the
+    end points' mean and variance within 4 MCSE of the conjugate posterior."""
+    from fedbayes_flwr.inference import gaussian as G
+    from fedbayes_flwr.models import exact_posterior
+    from fedbayes_flwr.runtime.config import parse_run_config
+    from fedbayes_flwr.runtime.engine import run_in_process
+    from fedbayes_flwr.runtime.experiment import build_experiment
+    from tests.pdmc.test_pdmc import _within_mcse
+
+    keys = {**GM, "pdmc.bounds": "metropolis",
+            "algorithm": "pdmc" if sampler == "zigzag" else "pdmc-bps"}
+    result = run_in_process(parse_run_config({**keys, "output-dir": str(tmp_path),
+                                              "pdmc.process-time": 40.0}), progress=False)
+    assert result["outcome"] == "done"
+    diag = result["history"][-1]["diagnostics"]
+    assert diag["bounds"] == "metropolis" and diag["acceptance"] == 1.0
+    assert diag["preconditioner"] == "dense"
+    exp = build_experiment(parse_run_config({**keys, "output-dir": "unused"}))
+    mean, cov = G.to_moments(exact_posterior(exp.model, exp.prior, exp.dataset.x_train, None))
+    chains = np.load(tmp_path / "posterior.npz")["chains"]
+    assert chains.shape[:2] == (16, 37)  # the end points at t = 4, 5, ..., 40 (burn-in 10%)
+    ok, ess = _within_mcse(chains, mean, np.diag(cov))
+    assert ok, ess
+
+
+def test_settings_and_refusals():
+    from fedbayes_flwr.errors import ConfigError
+    from fedbayes_flwr.runtime.config import parse_run_config
+
+    with pytest.raises(ConfigError, match="PDMC needs rate bounds.*pdmc.bounds=metropolis"):
+        parse_run_config({"algorithm": "pdmc", "model": "bnn-classifier", "pdmc.bounds": "exact"})
+    parse_run_config({"algorithm": "pdmc", "model": "bnn-classifier"})  # auto: metropolis
+    for key, value, match in [("pdmc.bounds", "nuts", "pdmc.bounds: unknown bounds 'nuts'"),
+                              ("pdmc.trajectory", 0.0, "pdmc.trajectory: must be > 0"),
+                              ("pdmc.rate-grid", -1.0, "pdmc.rate-grid: must be > 0")]:
+        with pytest.raises(ConfigError, match=match):
+            parse_run_config({**GM, key: value})
+    with pytest.raises(ConfigError, match="pdmc.bounds: metropolis with dp-epsilon"):
+        parse_run_config({**GM, "pdmc.bounds": "metropolis", "pdmc.dp-epsilon": 1.0,
+                          "pdmc.preconditioner": "none"})
+    with pytest.raises(ConfigError, match="pdmc.dp-epsilon: 'bnn-classifier' has no rate"):
+        parse_run_config({"algorithm": "pdmc", "model": "bnn-classifier",
+                          "pdmc.dp-epsilon": 1.0})
+
+
+def _cli(tmp_path, run_config: str):
+    import json
+
+    import run_simulation
+
+    out = tmp_path / "run"
+    code = run_simulation.main(["--engine", "in-process", "--quiet", "--num-clients", "3",
+                                "--seed", "0", "--output-dir", str(out), "--run-config",
+                                run_config])
+    assert code == 0
+    result = json.loads((out / "result.json").read_text())
+    with np.load(out / "posterior.npz") as post:
+        chains = post["chains"]
+    return result, chains
+
+
+def test_a_likelihood_model_without_a_rate_bound_runs(tmp_path):
+    """The user's Poisson regression (no ``rate_bound``: refused before) samples end to end
+    with ``pdmc.bounds = auto``, preconditioned (dense, by polarisation of ``hess_quad``)."""
+    from tests.models.test_likelihood_model import PLUGIN, _poisson_data
+
+    data = _poisson_data(tmp_path / "data.npz")
+    result, chains = _cli(tmp_path, f"algorithm='pdmc' model-modules='{PLUGIN}' "
+                                    f"model='user-poisson' data='{data}' partition='iid' "
+                                    f"pdmc.process-time=10.0 pdmc.num-chains=4")
+    assert result["outcome"] == "done"
+    diag = result["history"][-1]["diagnostics"]
+    assert diag["bounds"] == "metropolis" and diag["preconditioner"] == "dense"
+    assert 0.5 < diag["acceptance"] <= 1.0
+    assert chains.shape[:2] == (4, 10) and np.all(np.isfinite(chains))
+    assert np.isfinite(result["final"]["test_rmse"])
+
+
+def test_a_small_bnn_runs(tmp_path):
+    """bnn-classifier (hidden layer 4, digits: d = 310, no Hessian bound) runs a few
+    trajectories in the model's coordinates (``auto`` gives no preconditioner above d = 100)."""
+    result, chains = _cli(tmp_path, "algorithm='pdmc' model='bnn-classifier' hidden-layers='4' "
+                                    "dataset='digits' pdmc.process-time=0.02 "
+                                    "pdmc.num-chains=4 pdmc.trajectory=0.005 "
+                                    "pdmc.rate-grid=0.0025 eval-every=20")
+    assert result["outcome"] == "done"
+    diag = result["history"][-1]["diagnostics"]
+    assert diag["bounds"] == "metropolis" and diag["preconditioner"] == "none"
+    assert diag["trajectories"] == 4 and diag["acceptance"] > 0.5
+    assert result["final"]["events"] > 0
+    assert chains.shape == (4, 4, 310) and np.all(np.isfinite(chains))

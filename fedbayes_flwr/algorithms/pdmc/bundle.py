@@ -50,6 +50,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedbayes_flwr.algorithms.base import ActionSpec, Bundle, MemoryEstimate, Rejection, Request, StepInfo
+from fedbayes_flwr.algorithms.pdmc import metropolis as MH
 from fedbayes_flwr.algorithms.pdmc import precondition as PC
 from fedbayes_flwr.algorithms.pdmc import privacy
 from fedbayes_flwr.algorithms.pdmc import sampler as S
@@ -70,6 +71,8 @@ from fedbayes_flwr.models import make_model, model_spec
 from fedbayes_flwr.seeds import derive_seed, numpy_rng
 
 TRAIN = "train"
+GRID = "grid"  # pdmc.bounds = metropolis: an exchange under grid-interpolated rates
+ACCEPT = "accept"  # ... and the Metropolis exchange ending each trajectory
 DISCRETISATION = 0.02  # pdmc.discretisation 0: the sample spacing without a preconditioner
 DISCRETISATION_Z = 0.25  # ... and with one (process time in posterior sd: 4 samples per sd)
 LAPLACE = "laplace"
@@ -126,6 +129,16 @@ class PDMCConfig:
         ``d = 100``, diagonal above, none with ``dp-epsilon``).
     laplace_steps : int
         The most exchanges the Laplace fit may take (Newton steps and halvings).
+    bounds : str
+        ``exact`` (thinning with the model's rate bounds), ``metropolis`` (no bounds:
+        grid-interpolated rates and a Metropolis step per trajectory,
+        :mod:`fedbayes_flwr.algorithms.pdmc.metropolis`) or ``auto`` (exact when the model has
+        rate bounds, else metropolis).
+    trajectory : float
+        Metropolis: the process time of one trajectory (rounded up to a multiple of
+        ``rate-grid``), in the sampler's coordinates; one sample per trajectory.
+    rate_grid : float
+        Metropolis: the grid step ``h`` of the interpolated rates (one gradient per cell).
     """
 
     sampler: str = "zigzag"
@@ -144,6 +157,9 @@ class PDMCConfig:
     dp_feature_clip: float = 1.0
     preconditioner: str = "auto"
     laplace_steps: int = 30
+    bounds: str = "auto"
+    trajectory: float = 1.0
+    rate_grid: float = 0.25
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""
@@ -176,14 +192,30 @@ class PDMCConfig:
         need(self.dp_epsilon == 0 or self.preconditioner in ("none", "auto"), "preconditioner",
              f"{self.preconditioner!r} with dp-epsilon: the Laplace fit releases gradients and "
              f"Hessians the privacy bound does not cover (use none or auto)")
+        need(self.bounds in MH.BOUNDS, "bounds",
+             f"unknown bounds {self.bounds!r}; choose one of {', '.join(MH.BOUNDS)}")
+        need(self.trajectory > 0, "trajectory", f"must be > 0, got {self.trajectory}")
+        need(self.rate_grid > 0, "rate-grid", f"must be > 0, got {self.rate_grid}")
+        need(self.dp_epsilon == 0 or self.bounds != "metropolis", "bounds",
+             "metropolis with dp-epsilon: the privacy analysis assumes exact thinning of "
+             "bounded rates (use exact or auto with a model that has rate bounds)")
         if getattr(model_spec(run.model), "structured", False):
             return  # the generic check names the right family
         model = make_model(run.model, run.noise_scale)
-        if not model.has_bounded_potential():
-            raise ConfigError(f"model: PDMC needs rate bounds for the model's likelihood; "
-                              f"{run.model!r} has none (gaussian-mean, logistic-regression, "
-                              f"ar1-student-t do; a LikelihoodModel needs rate_bound=, its "
-                              f"Hessian bounds)")
+        kind = MH.resolve(self.bounds, model.has_bounded_potential())
+        if kind == "exact" and not model.has_bounded_potential():
+            raise ConfigError(f"model: PDMC needs rate bounds for the model's likelihood with "
+                              f"pdmc.bounds={self.bounds}; {run.model!r} has none "
+                              f"(gaussian-mean, logistic-regression, ar1-student-t do; a "
+                              f"LikelihoodModel needs rate_bound=, its Hessian bounds), or use "
+                              f"pdmc.bounds=metropolis")
+        if kind == "metropolis" and not model.has_gradient_potential():
+            raise ConfigError(f"model: pdmc.bounds=metropolis needs the likelihood's gradient; "
+                              f"{run.model!r} has no numpy potential")
+        if kind == "metropolis" and self.dp_epsilon > 0:
+            raise ConfigError(f"pdmc.dp-epsilon: {run.model!r} has no rate bounds, so "
+                              f"pdmc.bounds=auto is metropolis, which the privacy analysis "
+                              f"(exact thinning) does not cover")
         if self.dp_epsilon > 0:
             try:
                 privacy.check_sampler(self.sampler)
@@ -227,6 +259,14 @@ class ServerState(NamedTuple):
     scale: np.ndarray
     laplace: PC.Laplace
     fitting: bool
+    clock: np.ndarray  # metropolis: each chain's process time within its trajectory
+    x0: np.ndarray  # ... the trajectory's start
+    v0: np.ndarray
+    log_alpha: np.ndarray  # ... the workers' shares of log alpha so far
+    last: Prev  # ... the last exchange's pieces, sent with the next exchange
+    accepting: bool  # ... the next exchange is the Metropolis one
+    accepted: int
+    trajectories: int
 
 
 class ClientState(NamedTuple):
@@ -246,6 +286,62 @@ class Down(NamedTuple):
     number: int
     shift: np.ndarray
     scale: np.ndarray
+
+
+class Prev(NamedTuple):
+    """Metropolis: the previous exchange's piece per chain (start, velocity, clock, length) and
+    its event (the velocity after, the winner: -1 none, 0 the server, ``m`` worker ``m``)."""
+
+    x: np.ndarray
+    v: np.ndarray
+    clock: np.ndarray
+    tau: np.ndarray
+    after: np.ndarray
+    winner: np.ndarray
+
+
+class GridDown(NamedTuple):
+    """Metropolis: :class:`Down` plus each chain's trajectory clock and the previous piece
+    (each worker adds its share of the path-density ratio over it)."""
+
+    x: np.ndarray
+    v: np.ndarray
+    clock: np.ndarray
+    horizon: np.ndarray
+    prev: Prev
+    number: int
+    shift: np.ndarray
+    scale: np.ndarray
+
+
+class GridUp(NamedTuple):
+    """Event times (``+inf``: none), velocities, the share of ``log alpha`` over the previous
+    piece (``-inf``: a reversed event of rate 0), gradient evaluations."""
+
+    tau: np.ndarray
+    velocity: np.ndarray
+    term: np.ndarray
+    grad_evals: int
+    number: int
+
+
+class AcceptDown(NamedTuple):
+    """Metropolis: the trajectory's start and end and its last piece."""
+
+    x0: np.ndarray
+    x1: np.ndarray
+    prev: Prev
+    number: int
+    shift: np.ndarray
+    scale: np.ndarray
+
+
+class AcceptUp(NamedTuple):
+    """The worker's last share of ``log alpha``: ``-(U_m(x_T) - U_m(x_0))`` plus the last piece."""
+
+    term: np.ndarray
+    grad_evals: int
+    number: int
 
 
 class LaplaceDown(NamedTuple):
@@ -312,8 +408,10 @@ def dp_report(config: PDMCConfig, model, param_dim: int, releases: int) -> dict:
 def worker_potential(model, data, shift=None, scale=None):
     """``U_m`` of a worker's rows (in ``z`` when a transform is given: its bounds are built
     once per transform), cached by the rows' content (built once per worker, not once per
-    event)."""
-    base = cached(("pdmc", id(model)), data, lambda: model.bounded_potential(data.x, data.y))
+    event). A model without rate bounds gives its gradient potential (Metropolis PDMC)."""
+    build = model.bounded_potential if model.has_bounded_potential() else \
+        model.gradient_potential
+    base = cached(("pdmc", id(model)), data, lambda: build(data.x, data.y))
     if scale is None or scale.size == 0:
         return base
     return cached(("pdmc", id(model), _digest(shift, scale)), data,
@@ -359,9 +457,41 @@ def discretisation(setup) -> float:
 
 
 def preconditioner_kind(setup) -> str:
-    """The resolved ``pdmc.preconditioner`` (``auto`` decided by dimension and DP)."""
+    """The resolved ``pdmc.preconditioner`` (``auto`` decided by dimension, DP and bounds)."""
     c = setup.config
-    return PC.resolve(c.preconditioner, setup.prior.dim, c.dp_epsilon > 0)
+    return PC.resolve(c.preconditioner, setup.prior.dim, c.dp_epsilon > 0,
+                      bounds_kind(setup) == "metropolis")
+
+
+def bounds_kind(setup) -> str:
+    """The resolved ``pdmc.bounds`` (``auto``: exact when the model has rate bounds)."""
+    return MH.resolve(setup.config.bounds, setup.model.has_bounded_potential())
+
+
+def trajectory_length(setup) -> float:
+    """``pdmc.trajectory`` rounded up to a multiple of ``pdmc.rate-grid``."""
+    c = setup.config
+    return float(np.ceil(c.trajectory / c.rate_grid - 1e-9) * c.rate_grid)
+
+
+def _mine(prev: Prev, pid: int) -> Prev:
+    """The previous piece as worker ``pid`` gets it: ``winner`` 1 where its event (worker
+    ``pid + 1`` of the combine: every worker replies, none is dropped), else -1."""
+    return prev._replace(winner=np.where(prev.winner == pid + 1, 1, -1).astype(np.int64))
+
+
+def _no_prev(k: int, d: int) -> Prev:
+    z = np.zeros((k, d))
+    return Prev(z, z.copy(), np.zeros(k), np.zeros(k), z.copy(), np.full(k, -1, np.int64))
+
+
+def _hessian_at(pot, point):
+    """The Hessian and its cost; by polarisation of ``hess_quad`` for potentials without one."""
+    if hasattr(pot, "hessian_at"):
+        return pot.hessian_at(point)
+    from fedbayes_flwr.inference.potentials import Potential
+
+    return Potential.hessian_at(pot, point)
 
 
 def _to_model(state: ServerState, z: np.ndarray) -> np.ndarray:
@@ -407,7 +537,8 @@ def _init_server(setup) -> ServerState:
     return ServerState(x, v, np.zeros(k), np.zeros(k, np.int64),
                        np.zeros(setup.num_clients + 1, np.int64), 0, 0, np.zeros(k), chain, times,
                        points, chain.copy(), times.copy(), points.copy(), points.copy(),
-                       time.time(), shift, scale, PC.start(mean), scale.size > 0)
+                       time.time(), shift, scale, PC.start(mean), scale.size > 0,
+                       np.zeros(k), x.copy(), v.copy(), np.zeros(k), _no_prev(k, d), False, 0, 0)
 
 
 def _init_client(setup, partition_id: int) -> ClientState:
@@ -418,8 +549,20 @@ def _requests(state: ServerState, setup, rnd) -> dict[int, Request]:
     if state.fitting:
         fit = LaplaceDown(state.laplace.trial, rnd.number)
         return {pid: Request(LAPLACE, fit) for pid in range(setup.num_clients)}
+    if state.accepting:
+        return {pid: Request(ACCEPT, AcceptDown(state.x0, state.x, _mine(state.last, pid),
+                                                rnd.number, state.shift, state.scale))
+                for pid in range(setup.num_clients)}
     own = _own_proposal(state, setup, rnd)
     horizon = np.minimum(own.tau, setup.config.max_horizon)
+    if bounds_kind(setup) == "metropolis":
+        horizon = np.minimum(horizon, np.maximum(trajectory_length(setup) - state.clock, 0.0))
+        if setup.config.process_time > 0 and np.all(state.t >= setup.config.process_time):
+            horizon = np.zeros_like(horizon)  # the run is over (the engine ends it at the check)
+        return {pid: Request(GRID, GridDown(state.x, state.v, state.clock, horizon,
+                                            _mine(state.last, pid), rnd.number, state.shift,
+                                            state.scale))
+                for pid in range(setup.num_clients)}
     down = Down(state.x, state.v, horizon, rnd.number, state.shift, state.scale)
     return {pid: Request(TRAIN, down) for pid in range(setup.num_clients)}
 
@@ -429,10 +572,12 @@ def _client_step(seed, state: ClientState, request: Request, data, setup):
     if request.action == LAPLACE:
         pot = worker_potential(setup.model, data)
         point = np.asarray(msg.point, dtype=np.float64)
-        hess, cost = pot.hessian_at(point)
+        hess, cost = _hessian_at(pot, point)
         return state, LaplaceUp(float(pot.value(point[None])[0]), pot.grad(point[None])[0],
                                 np.asarray(hess, dtype=np.float64), 1 + int(cost),
                                 msg.number), {}
+    if request.action in (GRID, ACCEPT):
+        return state, _metropolis_step(seed, msg, request.action, data, setup), {}
     rho = dp_rho(config, setup.model, setup.prior.dim)
     pot = worker_potential(setup.model, _dp_data(data, config), msg.shift, msg.scale)
     proposal = S.propose(pot, config.sampler, msg.x, msg.v, msg.horizon, numpy_rng(seed),
@@ -440,6 +585,23 @@ def _client_step(seed, state: ClientState, request: Request, data, setup):
     # with DP on, the number of rejected candidates (data-dependent) is not released
     evals = 0 if rho > 0 else int(proposal.grad_evals)
     return state, Up(proposal.tau, proposal.velocity, evals, msg.number), {}
+
+
+def _metropolis_step(seed, msg, action: str, data, setup):
+    """A worker's reply under ``pdmc.bounds = metropolis`` (:mod:`.metropolis`): its share of
+    ``log alpha`` over the previous piece (and, ending a trajectory, ``-(U_m(x_T) - U_m(x_0))``),
+    plus (``grid``) its first event under the grid-interpolated rate."""
+    c = setup.config
+    pot = worker_potential(setup.model, data, msg.shift, msg.scale)
+    p = msg.prev
+    k = p.x.shape[0]
+    term, evals = MH.path_terms(pot, c.sampler, MH.piece(p.x, p.v, p.clock, p.tau, p.after,
+                                                         p.winner), c.rate_grid, 1, k)
+    if action == ACCEPT:
+        return AcceptUp(term + MH.end_terms(pot, msg.x0, msg.x1), evals + 2 * k, msg.number)
+    prop = MH.propose(pot, c.sampler, msg.x, msg.v, msg.clock, msg.horizon, c.rate_grid,
+                      numpy_rng(seed))
+    return GridUp(prop.tau, prop.velocity, term, evals + int(prop.grad_evals), msg.number)
 
 
 def _server_step(state: ServerState, replies, setup, rnd):
@@ -451,6 +613,8 @@ def _server_step(state: ServerState, replies, setup, rnd):
     good = sorted(replies, key=lambda item: item[0])
     if state.fitting:
         return _fit_step(state, setup, rnd, good)
+    if bounds_kind(setup) == "metropolis":
+        return _metropolis_server(state, setup, rnd, good)
     own = _own_proposal(state, setup, rnd)
     workers = [S.Proposal(r.tau, r.velocity, r.grad_evals) for _, r in good]
     tau, velocity, winner = S.combine(own, workers, c.max_horizon)
@@ -475,7 +639,54 @@ def _server_step(state: ServerState, replies, setup, rnd):
                       next_sample, np.concatenate([state.sample_chain, rows]),
                       np.concatenate([state.sample_time, times]),
                       np.concatenate([state.samples, _to_model(state, points)]), *skel,
-                      state.started, state.shift, state.scale, state.laplace, False)
+                      state.started, state.shift, state.scale, state.laplace, False,
+                      *state[-8:])  # the Metropolis fields, unused here
+    return new, _info(new, setup, rnd, good)
+
+
+def _metropolis_server(state: ServerState, setup, rnd, good):
+    """``pdmc.bounds = metropolis`` at the server (:mod:`.metropolis`): an exchange moves the
+    chains to their earliest event under the workers' grid rates (the prior's and refreshment
+    exact) and adds the workers' shares of ``log alpha`` over the previous piece; once every
+    chain has run the trajectory, the Metropolis exchange adds the last shares and accepts
+    ``(x_T, v_T)`` or returns to ``(x_0, -v_0)``: that state is the sample."""
+    c = setup.config
+    k, d = state.x.shape
+    log_alpha = state.log_alpha + sum(np.asarray(r.term, dtype=np.float64) for _, r in good)
+    grad_evals = state.grad_evals + sum(int(r.grad_evals) for _, r in good)
+    length = trajectory_length(setup)
+    if c.process_time > 0 and np.all(state.t >= c.process_time):  # the run is over: stay
+        return state._replace(exchanges=state.exchanges + 1), _info(state, setup, rnd, good)
+    if state.accepting:
+        rng = numpy_rng(derive_seed(setup.run_seed, "pdmc.accept", rnd.number, -1, rnd.step))
+        accept = np.log(rng.random(k)) < log_alpha
+        x = np.where(accept[:, None], state.x, state.x0)
+        v = np.where(accept[:, None], state.v, -state.v0)
+        t = state.t + length
+        new = state._replace(
+            x=x, v=v, t=t, grad_evals=grad_evals, exchanges=state.exchanges + 1,
+            sample_chain=np.concatenate([state.sample_chain, np.arange(k)]),
+            sample_time=np.concatenate([state.sample_time, t]),
+            samples=np.concatenate([state.samples, _to_model(state, x)]),
+            clock=np.zeros(k), x0=x.copy(), v0=v.copy(), log_alpha=np.zeros(k),
+            last=_no_prev(k, d), accepting=False, accepted=state.accepted + int(accept.sum()),
+            trajectories=state.trajectories + 1)
+        return new, _info(new, setup, rnd, good)
+    own = _own_proposal(state, setup, rnd)
+    workers = [S.Proposal(r.tau, r.velocity, r.grad_evals) for _, r in good]
+    tau, velocity, winner = S.combine(own, workers, c.max_horizon)
+    left = np.maximum(length - state.clock, 0.0)
+    tau = np.minimum(tau, left)
+    event = (winner >= 0) & (tau > 0) & (tau < left)
+    x = state.x + state.v * tau[:, None]
+    v = np.where(event[:, None], velocity, state.v)
+    clock = np.where(tau >= left, length, state.clock + tau)
+    winners = state.winners + np.bincount(winner[event], minlength=state.winners.size)
+    last = Prev(state.x, state.v, state.clock, tau, v, np.where(event, winner, -1))
+    new = state._replace(x=x, v=v, events=state.events + event, winners=winners,
+                         grad_evals=grad_evals + own.grad_evals,
+                         exchanges=state.exchanges + 1, clock=clock, log_alpha=log_alpha,
+                         last=last, accepting=bool(np.all(clock >= length)))
     return new, _info(new, setup, rnd, good)
 
 
@@ -504,7 +715,8 @@ def _fit_step(state: ServerState, setup, rnd, good):
         k, d = state.x.shape
         rng = numpy_rng(derive_seed(setup.run_seed, "pdmc.start", 0, -1))
         z = START_SCALE * rng.standard_normal((k, d))
-        new = new._replace(x=z, v=S.initial_velocity(c.sampler, rng, k, d), fitting=False,
+        v = S.initial_velocity(c.sampler, rng, k, d)
+        new = new._replace(x=z, v=v, x0=z.copy(), v0=v.copy(), fitting=False,
                            shift=fit.point.copy(),
                            scale=PC.transform(preconditioner_kind(setup), fit.hess))
     return new, _info(new, setup, rnd, good)
@@ -542,7 +754,11 @@ def _diagnostics(state: ServerState, setup) -> dict:
            "events_by_worker": [int(w) for w in state.winners],
            "samples_per_chain": int(kept_chains(state, setup).shape[1]),
            "preconditioner": preconditioner_kind(setup),
-           "laplace_exchanges": int(state.laplace.steps)}
+           "laplace_exchanges": int(state.laplace.steps), "bounds": bounds_kind(setup)}
+    if out["bounds"] == "metropolis":
+        out["trajectories"] = int(state.trajectories)
+        out["acceptance"] = (float(state.accepted / (state.trajectories * state.x.shape[0]))
+                             if state.trajectories else 1.0)
     return out
 
 
@@ -584,6 +800,14 @@ def _actions(setup) -> dict[str, ActionSpec]:
     shift = np.zeros(0 if scale.size == 0 else d)
     out = {TRAIN: ActionSpec("train", Down(z, z, np.zeros(k), 0, shift, scale),
                              Up(np.zeros(k), z, 0, 0), allow_inf=frozenset({"tau"}))}
+    if bounds_kind(setup) == "metropolis":
+        prev = _no_prev(k, d)
+        out[GRID] = ActionSpec("train", GridDown(z, z, np.zeros(k), np.zeros(k), prev, 0, shift,
+                                                 scale),
+                               GridUp(np.zeros(k), z, np.zeros(k), 0, 0),
+                               allow_inf=frozenset({"tau", "term"}))
+        out[ACCEPT] = ActionSpec("train", AcceptDown(z, z, prev, 0, shift, scale),
+                                 AcceptUp(np.zeros(k), 0, 0), allow_inf=frozenset({"term"}))
     if scale.size:
         out[LAPLACE] = ActionSpec("train", LaplaceDown(np.zeros(d), 0),
                                   LaplaceUp(0.0, np.zeros(d), np.zeros((d, d)), 0, 0))
@@ -607,6 +831,8 @@ def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | N
             if big > LAPLACE_LIMIT:
                 return field, (f"|{field}| reaches {big:.3g}, beyond the limit "
                                f"{LAPLACE_LIMIT:g} (no data term of a float64 model gets there)")
+        return None
+    if action == ACCEPT:
         return None
     if np.any(reply.tau <= 0):
         return "tau", f"event times must be > 0, smallest {float(reply.tau.min()):.4g}"

@@ -141,9 +141,9 @@ def _metropolis(workers, prior, sampler, x, v, process_time, seed, refresh, max_
         exchanges += 1  # the Metropolis exchange: every worker's share of log alpha
         log_alpha = np.zeros(k)
         for m, w in enumerate(workers, start=1):
-            term, cost = MH.path_terms(w, sampler, path, x0, x, rate_grid, m)
-            log_alpha += term
-            grad_evals += cost
+            term, cost = MH.path_terms(w, sampler, path, rate_grid, m, k)
+            log_alpha += term + MH.end_terms(w, x0, x)
+            grad_evals += cost + 2 * k
         u = np.random.default_rng([seed, exchanges, 0]).random(k)
         accept = np.log(u) < log_alpha
         accepted += int(accept.sum())

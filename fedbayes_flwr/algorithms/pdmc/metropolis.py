@@ -206,14 +206,24 @@ def _interp(potential, sampler, point, v, clock, step):
     return rl + (rr - rl) * w, 2 * point.shape[0]
 
 
-def path_terms(potential, sampler: str, path: Path, x_start: np.ndarray, x_end: np.ndarray,
-               step: float, me: int) -> tuple[np.ndarray, int]:
-    """Worker ``me``'s share of ``log alpha`` per chain (module docstring):
-    ``-(U_m(x_T) - U_m(x_0)) + int r~_m dc + sum_{its events} log(lambda~^rev / lambda~)``,
-    and the gradient evaluations spent."""
-    k, d = x_start.shape
-    out = -(potential.value(x_end) - potential.value(x_start))
-    evals = 2 * k
+def end_terms(potential, x_start: np.ndarray, x_end: np.ndarray) -> np.ndarray:
+    """``-(U_m(x_T) - U_m(x_0))`` per chain: the target's share of ``log alpha``."""
+    return -(potential.value(x_end) - potential.value(x_start))
+
+
+def piece(x, v, clock, tau, after, winner) -> Path:
+    """One exchange's pieces and events as a :class:`Path` (``winner`` -1: no event)."""
+    k, d = x.shape
+    return extend(empty_path(d), x, v, clock, tau, winner >= 0, after, winner)
+
+
+def path_terms(potential, sampler: str, path: Path, step: float, me: int,
+               k: int) -> tuple[np.ndarray, int]:
+    """Worker ``me``'s share of the path-density ratio per chain (module docstring):
+    ``int r~_m dc + sum_{its events} log(lambda~^rev / lambda~)`` over ``path``, and the
+    gradient evaluations spent (with :func:`end_terms`, its share of ``log alpha``)."""
+    out = np.zeros(k)
+    evals = 0
     # the integral of the interpolated v . grad U_m, cell by cell over every piece
     c0, ln = path.piece_clock, path.piece_len
     first = _cell(c0, step).astype(np.int64)

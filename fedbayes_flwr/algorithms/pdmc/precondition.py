@@ -82,11 +82,13 @@ class Laplace(NamedTuple):
     steps: int
 
 
-def resolve(kind: str, dim: int, private: bool) -> str:
-    """``auto`` -> ``dense`` (``dim <= AUTO_DENSE_MAX``) or ``diagonal``; ``none`` with DP."""
+def resolve(kind: str, dim: int, private: bool, bound_free: bool = False) -> str:
+    """``auto`` -> ``dense`` (``dim <= AUTO_DENSE_MAX``) or ``diagonal``; ``none`` with DP, and
+    ``none`` above ``AUTO_DENSE_MAX`` for a model without rate bounds (``bound_free``: its
+    Hessians come from ``d (d + 3) / 2`` Hessian-vector rows per fit exchange, e.g. a BNN)."""
     if kind != "auto":
         return kind
-    if private:
+    if private or (bound_free and dim > AUTO_DENSE_MAX):
         return "none"
     return "dense" if dim <= AUTO_DENSE_MAX else "diagonal"
 
