@@ -290,3 +290,37 @@ def test_a_small_bnn_runs(tmp_path):
     assert diag["trajectories"] == 4 and diag["acceptance"] > 0.5
     assert result["final"]["events"] > 0
     assert chains.shape == (4, 4, 310) and np.all(np.isfinite(chains))
+
+
+def test_each_worker_gets_its_own_events_and_the_pieces_add_up():
+    """The bundle's bookkeeping: worker ``pid`` is ``pid + 1`` in the combine (every reply
+    present, sorted by pid), so it receives winner 1 exactly at its events; and the share of
+    ``log alpha`` summed exchange by exchange equals the share over the whole path."""
+    from fedbayes_flwr.algorithms.pdmc.bundle import Prev, _mine
+
+    k, d = 5, 2
+    winner = np.array([-1, 0, 1, 2, 1])
+    prev = Prev(np.zeros((k, d)), np.ones((k, d)), np.zeros(k), np.ones(k), np.ones((k, d)),
+                winner)
+    np.testing.assert_array_equal(_mine(prev, 0).winner, [-1, -1, 1, -1, 1])
+    np.testing.assert_array_equal(_mine(prev, 1).winner, [-1, -1, -1, 1, -1])
+    own = S.Proposal(np.array([np.inf, 0.1, np.inf, np.inf, np.inf]), np.zeros((k, d)), 0)
+    w = [S.Proposal(np.array([np.inf, 1, 0.2, 1, 0.3]), np.zeros((k, d)), 0),
+         S.Proposal(np.array([np.inf, 1, 1, 0.4, 1]), np.zeros((k, d)), 0)]
+    np.testing.assert_array_equal(S.combine(own, w, 1.0)[2], winner)
+    # additivity over exchanges, on a non-quadratic potential with events of this worker
+    rng = np.random.default_rng(0)
+    pot, h = Sech(d, 0.5), 0.3
+    x, v, clock = rng.standard_normal((k, d)), S.initial_velocity("zigzag", rng, k, d), np.zeros(k)
+    path, total = MH.empty_path(d), np.zeros(k)
+    for _ in range(4):
+        prop = MH.propose(pot, "zigzag", x, v, clock, np.full(k, 0.7), h, rng)
+        tau = np.minimum(prop.tau, 0.7)
+        won = np.where(np.isfinite(prop.tau), 1, -1)
+        after = np.where(won[:, None] == 1, prop.velocity, v)
+        total += MH.path_terms(pot, "zigzag", MH.piece(x, v, clock, tau, after, won), h, 1, k)[0]
+        path = MH.extend(path, x, v, clock, tau, won == 1, after, won)
+        x, v, clock = x + v * tau[:, None], after, clock + tau
+    assert path.event_chain.size > 0
+    np.testing.assert_allclose(total, MH.path_terms(pot, "zigzag", path, h, 1, k)[0],
+                               rtol=1e-12, atol=1e-12)

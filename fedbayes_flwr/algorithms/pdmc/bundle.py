@@ -28,6 +28,13 @@ pooled minimum ESS over coordinates reaches ``pdmc.target-ess`` and the largest 
 ``pdmc.target-rhat`` (0: ESS only), or after ``pdmc.max-seconds`` of
 wall time (outcome ``completed`` either way; the diagnostics say which).
 
+**Without rate bounds** (``pdmc.bounds`` ``metropolis``, or ``auto`` for a model without
+them): the ``grid`` exchange replaces ``train`` (each worker's first event under its
+grid-interpolated rate, plus its share of ``log alpha`` over the previous exchange's piece) and
+every ``pdmc.trajectory`` of process time ends with an ``accept`` exchange and a Metropolis step
+(:mod:`fedbayes_flwr.algorithms.pdmc.metropolis`); the samples are the chains' states after each
+step.
+
 **Failures.** A worker's reply that is missing, NaN, negative, or of the wrong shape is retried
 with fresh randomness (``max-retries``); then the run stops with a clear error (policy
 ``retry-stop``) and the samples and skeleton so far are written. A worker is never dropped: that
@@ -58,6 +65,7 @@ from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import gaussian as G
 from fedbayes_flwr.inference.posterior import SamplePosterior, TracePosterior
 from fedbayes_flwr.inference.potentials import (
+    Potential,
     Quadratic,
     cached,
     from_natural,
@@ -489,8 +497,6 @@ def _hessian_at(pot, point):
     """The Hessian and its cost; by polarisation of ``hess_quad`` for potentials without one."""
     if hasattr(pot, "hessian_at"):
         return pot.hessian_at(point)
-    from fedbayes_flwr.inference.potentials import Potential
-
     return Potential.hessian_at(pot, point)
 
 
@@ -865,9 +871,15 @@ def _memory_estimate(setup) -> MemoryEstimate:
     for the chains' positions, velocities and proposals (the stored samples grow on top)."""
     k, c = setup.num_clients, setup.config.num_chains
     d = setup.model.param_dim(setup.num_features)
-    # a preconditioner doubles the bounds held (the model's and those in z)
-    per = 2 if PC.resolve(setup.config.preconditioner, d, setup.config.dp_epsilon > 0) == \
-        "none" else 4
+    bound_free = MH.resolve(setup.config.bounds, setup.model.has_bounded_potential()) == \
+        "metropolis"
+    # a preconditioner doubles the bounds held (the model's and those in z); without bounds
+    # (metropolis) none are held, only the transform's d x d when there is one
+    pre = PC.resolve(setup.config.preconditioner, d, setup.config.dp_epsilon > 0, bound_free)
+    if bound_free:
+        per = 0 if pre == "none" else 1
+    else:
+        per = 2 if pre == "none" else 4
     nbytes = (per * (k + 1) * d * d + 8 * c * d) * 8
     return MemoryEstimate(nbytes, f"{per} (K + 1) d^2 + 8 C d float64s, K = {k}, C = {c}, "
                                   f"d = {d}",
