@@ -39,6 +39,8 @@ CASES = {  # small settings: each case runs 6 + 3 + 3 updates in about a second
     "sgld": {"algorithm": "sgld", "sgld.num-chains": 8, "sgld.steps-per-round": 10},
     "fedavg": {"algorithm": "fedavg", "fedavg.local-steps": 10},
     "pdmc": {"algorithm": "pdmc", "eval-every": 3},
+    "pdmc-metropolis": {"algorithm": "pdmc", "eval-every": 3, "pdmc.bounds": "metropolis",
+                        "pdmc.trajectory": 0.25, "pdmc.rate-grid": 0.25},
     "dhmc": {"algorithm": "dhmc", "eval-every": 3, "dhmc.num-chains": 4,
              "dhmc.mixing-rounds": 3},
 }

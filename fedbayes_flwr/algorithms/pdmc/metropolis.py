@@ -57,8 +57,9 @@ extra exchange) and adds the replies.
 References
 ----------
 Chevallier, Power & Sutton (2025), "Towards practical PDMP sampling: Metropolis adjustments,
-locally adaptive step-sizes, and NUTS-based time lengths", Section 3 (Metropolis-adjusted
-approximate PDMPs: the flip-and-accept step and the path-density ratio);
+locally adaptive step-sizes, and NUTS-based time lengths" (the scheme: approximate PDMP over a
+fixed time, velocity flip, accept with the path-density ratio; the paper's text was not at hand,
+so the grid rate and the ratio above are derived here, not quoted);
 Bierkens, Fearnhead & Roberts (2019), "The Zig-Zag process and super-efficient sampling for
 Bayesian analysis of big data", Section 2 (rates and flips); Bouchard-Cote, Vollmer & Doucet
 (2018), "The Bouncy Particle Sampler", Section 2 (reflection, refreshment); Tierney (1998), "A
