@@ -4,8 +4,9 @@ thinning on a model that has both: what the Metropolis correction costs.
 Data and runs as ``preconditioning.py`` (its ``skewed`` logistic regression, ``rho:d`` cases, 10
 label-skewed clients, NUTS reference and anchor), every default except ``pdmc.bounds``
 (``exact`` or ``metropolis``) and the cap ``pdmc.max-seconds`` (``--max-seconds``). Metropolis
-rows add the acceptance rate; their samples are one per trajectory (``pdmc.trajectory`` 1.0,
-``pdmc.rate-grid`` 0.25 in the preconditioned coordinates, the defaults).
+rows add the acceptance rate; their samples are one per trajectory (``pdmc.trajectory`` 1.0, the
+default, in the preconditioned coordinates) and ``pdmc.rate-grid`` is swept (``--rate-grids``;
+the default 0.5 was chosen from this table).
 
 Run: ``.venv/bin/python benchmarks/pdmc/metropolis.py`` (``--cases 0.8:10``, ``--samplers``,
 ``--max-seconds``). Writes ``benchmarks/results/pdmc/metropolis.json`` and prints the table.
@@ -39,7 +40,7 @@ OUT = os.path.join(HERE, "..", "results", "pdmc", "metropolis.json")
 
 
 def run_one(path: str, algorithm: str, bounds: str, max_seconds: float, ref,
-            directory: str) -> dict:
+            directory: str, rate_grid: float = 0.25) -> dict:
     from fedbayes_flwr.evaluation.sample_quality import marginal_w1
     from fedbayes_flwr.inference.posterior import SamplePosterior
     from fedbayes_flwr.runtime.config import parse_run_config
@@ -48,7 +49,8 @@ def run_one(path: str, algorithm: str, bounds: str, max_seconds: float, ref,
     config = parse_run_config({
         "model": "logistic-regression", "data": path, "partition": "natural",
         "num-clients": CLIENTS, "algorithm": algorithm, "seed": 0, "pdmc.bounds": bounds,
-        "pdmc.max-seconds": max_seconds, "output-dir": tempfile.mkdtemp(dir=directory)})
+        "pdmc.max-seconds": max_seconds, "pdmc.rate-grid": rate_grid,
+        "output-dir": tempfile.mkdtemp(dir=directory)})
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -62,6 +64,7 @@ def run_one(path: str, algorithm: str, bounds: str, max_seconds: float, ref,
     grads, exchanges = float(last["grad_evals"]), last["round"]
     diag = last.get("diagnostics", {})
     return {"algorithm": algorithm, "bounds": bounds, "outcome": result["outcome"],
+            "rate_grid": rate_grid if bounds == "metropolis" else None,
             "min_ess": ess, "max_rhat": float(np.max(post.rhat())),
             "max_w1_sd": float(np.max(w1)), "acceptance": diag.get("acceptance"),
             "samples_per_chain": int(chains.shape[1]), "grad_evals": grads,
@@ -71,19 +74,21 @@ def run_one(path: str, algorithm: str, bounds: str, max_seconds: float, ref,
 
 
 def table(doc: dict) -> str:
-    head = ("| rho | d | sampler | bounds | outcome | min ESS | max R-hat | max W1 / sd | "
-            "acceptance | ESS / full grad | ESS / exchange | ESS / s |")
-    lines = [head, "|" + "---|" * 12]
+    head = ("| rho | d | sampler | bounds | rate-grid | outcome | min ESS | max R-hat | "
+            "max W1 / sd | acceptance | ESS / full grad | ESS / exchange | ESS / s |")
+    lines = [head, "|" + "---|" * 13]
     for case, entry in doc["cases"].items():
         rho, d = case.split(":")
         for r in entry["runs"]:
             acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.3f}"
-            lines.append(f"| {rho} | {d} | {r['algorithm']} | {r['bounds']} | {r['outcome']} | "
+            grid = "-" if r.get("rate_grid") is None else f"{r['rate_grid']:g}"
+            lines.append(f"| {rho} | {d} | {r['algorithm']} | {r['bounds']} | {grid} | "
+                         f"{r['outcome']} | "
                          f"{r['min_ess']:.0f} | {r['max_rhat']:.3f} | {r['max_w1_sd']:.3f} | "
                          f"{acc} | {r['ess_per_full_grad']:.2e} | {r['ess_per_exchange']:.3f} | "
                          f"{r['ess_per_second']:.1f} |")
         nuts = entry["nuts"]
-        lines.append(f"| {rho} | {d} | NUTS (centralised) | - | - | {nuts['min_ess']:.0f} | "
+        lines.append(f"| {rho} | {d} | NUTS (centralised) | - | - | - | {nuts['min_ess']:.0f} | "
                      f"{nuts['max_rhat']:.3f} | 0 (reference) | - | {nuts['ess_per_grad']:.2e} "
                      f"| - | - |")
     return "\n".join(lines)
@@ -100,6 +105,9 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", default=["0.8:10"], help="rho:d pairs")
     p.add_argument("--samplers", nargs="+", default=["pdmc", "pdmc-bps"])
     p.add_argument("--max-seconds", type=float, default=40.0)
+    p.add_argument("--rate-grids", nargs="+", type=float, default=[0.25, 0.5, 1.0],
+                   help="pdmc.rate-grid values of the metropolis runs")
+    p.add_argument("--bounds", nargs="+", default=["exact", "metropolis"])
     args = p.parse_args()
     doc = json.load(open(OUT)) if os.path.isfile(OUT) else {"benchmark": "metropolis",
                                                              "cases": {}}
@@ -116,12 +124,15 @@ def main() -> None:
             entry = doc["cases"].setdefault(case, {"runs": []})
             entry["nuts"] = nuts
             for algorithm in args.samplers:
-                for bounds in ("exact", "metropolis"):
-                    row = run_one(path, algorithm, bounds, args.max_seconds, ref, directory)
-                    entry["runs"] = [r for r in entry["runs"] if (r["algorithm"], r["bounds"])
-                                     != (algorithm, bounds)] + [row]
-                    print(case, row, flush=True)
-                    write_json(OUT, doc)
+                for bounds in args.bounds:
+                    for grid in (args.rate_grids if bounds == "metropolis" else [0.25]):
+                        row = run_one(path, algorithm, bounds, args.max_seconds, ref,
+                                      directory, grid)
+                        key = (algorithm, bounds, row["rate_grid"])
+                        entry["runs"] = [r for r in entry["runs"] if (
+                            r["algorithm"], r["bounds"], r.get("rate_grid")) != key] + [row]
+                        print(case, row, flush=True)
+                        write_json(OUT, doc)
     print(table(doc))
 
 

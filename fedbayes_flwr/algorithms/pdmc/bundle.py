@@ -146,7 +146,8 @@ class PDMCConfig:
         Metropolis: the process time of one trajectory (rounded up to a multiple of
         ``rate-grid``), in the sampler's coordinates; one sample per trajectory.
     rate_grid : float
-        Metropolis: the grid step ``h`` of the interpolated rates (one gradient per cell).
+        Metropolis: the grid step ``h`` of the interpolated rates (one gradient per cell; 0.5
+        from ``benchmarks/pdmc/metropolis.py``).
     """
 
     sampler: str = "zigzag"
@@ -167,7 +168,7 @@ class PDMCConfig:
     laplace_steps: int = 30
     bounds: str = "auto"
     trajectory: float = 1.0
-    rate_grid: float = 0.25
+    rate_grid: float = 0.5
 
     def validate(self, run) -> None:
         """Raise :class:`ConfigError` (one line naming the key) for values no run can use."""

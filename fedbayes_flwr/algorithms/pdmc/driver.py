@@ -47,7 +47,7 @@ class Run(NamedTuple):
 def simulate(workers: list, prior, sampler: str, x0: np.ndarray, v0: np.ndarray,
              process_time: float, delta: float, seed: int = 0, refresh: float = 0.0,
              max_horizon: float = 1.0, burn_in: float = 0.0, preconditioner: str = "none",
-             bounds: str = "exact", trajectory: float = 1.0, rate_grid: float = 0.25) -> Run:
+             bounds: str = "exact", trajectory: float = 1.0, rate_grid: float = 0.5) -> Run:
     """Run every chain to ``process_time``; samples at ``j delta >= burn_in`` (module docstring).
 
     Worker ``m`` (1-based; the server is 0) draws from ``default_rng([seed, exchange, m])``.
