@@ -324,3 +324,24 @@ def test_each_worker_gets_its_own_events_and_the_pieces_add_up():
     assert path.event_chain.size > 0
     np.testing.assert_allclose(total, MH.path_terms(pot, "zigzag", path, h, 1, k)[0],
                                rtol=1e-12, atol=1e-12)
+
+
+def test_a_share_of_plus_infinity_is_rejected():
+    """``-inf`` is a valid share (a reversed event of rate 0: certain rejection), ``+inf``
+    would force acceptance and is refused; NaN is refused by the generic check."""
+    from fedbayes_flwr.algorithms.pdmc.bundle import ACCEPT, GRID, AcceptUp, GridUp, _check
+    from fedbayes_flwr.runtime.config import parse_run_config
+    from fedbayes_flwr.runtime.experiment import build_experiment
+
+    exp = build_experiment(parse_run_config({**GM, "pdmc.bounds": "metropolis",
+                                             "output-dir": "unused"}))
+    state = exp.bundle.init_server(exp.setup)
+    k, d = state.x.shape
+    good = np.full(k, -np.inf)
+    assert _check(state, exp.setup, ACCEPT, AcceptUp(good, 0, 1)) is None
+    bad = good.copy()
+    bad[0] = np.inf
+    assert _check(state, exp.setup, ACCEPT, AcceptUp(bad, 0, 1))[0] == "term"
+    up = GridUp(np.ones(k), state.v.copy(), bad, 0, 1)
+    assert _check(state, exp.setup, GRID, up)[0] == "term"
+    assert _check(state, exp.setup, GRID, up._replace(term=good)) is None

@@ -839,6 +839,8 @@ def _check(state: ServerState, setup, action: str, reply) -> tuple[str, str] | N
                 return field, (f"|{field}| reaches {big:.3g}, beyond the limit "
                                f"{LAPLACE_LIMIT:g} (no data term of a float64 model gets there)")
         return None
+    if action in (GRID, ACCEPT) and np.any(reply.term == np.inf):  # -inf: a reversed rate 0
+        return "term", "a share of log alpha cannot be +inf"
     if action == ACCEPT:
         return None
     if np.any(reply.tau <= 0):
