@@ -115,14 +115,14 @@ def _sech_run(sampler, preconditioner, k, trajectories, grid, seed=3):
                     rate_grid=grid)
 
 
-INVARIANCE = [(s, pre, target) for s in S.SAMPLERS for pre in ("none", "dense")
+INVARIANCE = [(s, pre, target) for s in S.SAMPLERS for pre in ("none", "diagonal", "dense")
               for target in ("gaussian", "sech")]
 
 
 @pytest.mark.parametrize("sampler, preconditioner, target", INVARIANCE)
 def test_invariance_from_exact_draws_without_bounds(sampler, preconditioner, target):
     """2,000 chains from exact draws; after the Metropolis steps every coordinate passes a KS
-    test against the exact marginal (Bonferroni over coordinates and the 8 cases, family level
+    test against the exact marginal (Bonferroni over coordinates and the 12 cases, family level
     1e-3). The sech cases use a coarse grid (h = 2 = the trajectory: about 10% rejected) so the
     correction is doing work; the Gaussian ones the exact grid rate with a Gaussian prior."""
     k = 2000
