@@ -6,7 +6,9 @@ process, so its peak resident memory is its own (``os.wait4``), and two protocol
 
 * ``default``: the library's defaults (``damping = auto``: the server's step search asks every
   client for ``E_q[log p(y_k | theta)]`` at each candidate step, 64 draws over all its rows);
-* ``fixed``: the paper's protocol, ``pvi.damping = 0.5``, ``pvi.guard = false`` (no search).
+* ``fixed``: the paper's protocol, ``pvi.damping = 1 / K`` for ``K`` clients, ``pvi.guard =
+  false`` (no search; a synchronous sum of ``K`` undamped deltas overshoots, and ``1 / K`` keeps
+  every update a proper Gaussian).
 
 Both with the same local budget (``--local-steps`` Adam steps, ``--mc-samples`` draws, lots of
 ``--batch-size`` rows) and evaluation on the 10,000 test rows every round (a history row per
@@ -41,7 +43,7 @@ from fedbayes_flwr.data import load_dataset, partition_indices  # noqa: E402
 
 NAME = "scale"
 HIDDEN = 100
-PROTOCOLS = {"default": {}, "fixed": {"pvi.damping": 0.5, "pvi.guard": False}}
+PROTOCOLS = ("default", "fixed")
 
 
 def parse_args():
@@ -52,6 +54,8 @@ def parse_args():
     p.add_argument("--mc-samples", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--keep", action="store_true", help="add to the existing JSON (other cases)")
+    p.add_argument("--floor-clients", default="10,100",
+                   help="client counts whose floor is measured (it costs a round's training)")
     args = common.resolve_common_args(p.parse_args(), NAME)
     if args.quick:
         args.clients, args.local_steps = "10", 5
@@ -66,7 +70,8 @@ def run_config(args, clients: int, protocol: str, out: str) -> dict:
             "num-rounds": args.rounds, "eval-every": 1, "seed": args.seed,
             "hidden-layers": str(HIDDEN), "output-dir": out,
             "pvi.local-steps": args.local_steps, "pvi.mc-samples": args.mc_samples,
-            "pvi.batch-size": args.batch_size, **PROTOCOLS[protocol]}
+            "pvi.batch-size": args.batch_size,
+            **({"pvi.damping": 1.0 / clients, "pvi.guard": False} if protocol == "fixed" else {})}
 
 
 def run_child(cfg: dict) -> dict:
@@ -173,9 +178,10 @@ def table(doc: dict) -> str:
                          f"{case['peak_rss_gb']} | | | |")
             continue
         s = case["seconds_per_round_after_first"] or case["seconds_per_round"][0]
-        floor = doc["floors"][str(case["clients"])]["floor_s"]
-        lines.append(f"| {case['clients']} | {case['protocol']} | {s:.1f} | {floor:.1f} | "
-                     f"{s / floor:.2f} | {case['peak_rss_gb']:.2f} | "
+        floor = doc["floors"].get(str(case["clients"]), {}).get("floor_s")
+        floor_cells = f"{floor:.1f} | {s / floor:.2f}" if floor else "- | -"
+        lines.append(f"| {case['clients']} | {case['protocol']} | {s:.1f} | {floor_cells} | "
+                     f"{case['peak_rss_gb']:.2f} | "
                      f"{case['bytes_per_round'] / 2**20:.1f} | {case['test_accuracy']:.3f} | "
                      f"{case['test_nll']:.3f} |")
     return "\n".join(lines)
@@ -187,13 +193,16 @@ def main() -> None:
                            hidden=HIDDEN, local_steps=args.local_steps, mc_samples=args.mc_samples,
                            batch_size=args.batch_size, rounds=args.rounds, device=device())
     for clients in [int(c) for c in args.clients.split(",")]:
-        results.doc["floors"][str(clients)] = floor_seconds(args, clients)
-        results.write()
-        print(f"floor, {clients} clients: {results.doc['floors'][str(clients)]}", flush=True)
+        if str(clients) in args.floor_clients.split(","):
+            results.doc["floors"][str(clients)] = floor_seconds(args, clients)
+            results.write()
+            print(f"floor, {clients} clients: {results.doc['floors'][str(clients)]}", flush=True)
         for protocol in args.protocols.split(","):
             out = os.path.join(args.work_dir, f"{protocol}-{clients}")
-            case = {"clients": clients, "protocol": protocol,
-                    **run_child(run_config(args, clients, protocol, out))}
+            cfg = run_config(args, clients, protocol, out)
+            case = {"clients": clients, "protocol": protocol, "rounds": args.rounds,
+                    "local_steps": args.local_steps, "damping": cfg.get("pvi.damping", "auto"),
+                    **run_child(cfg)}
             results.doc["cases"][f"{protocol}-{clients}"] = case
             results.write()
             print(f"{protocol}, {clients} clients: {case}", flush=True)
