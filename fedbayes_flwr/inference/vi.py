@@ -132,6 +132,23 @@ def _raw_tril(chol: np.ndarray) -> np.ndarray:
     return raw
 
 
+def _adam_step(params, m, v, avg, grads, t, steps, lr):
+    """One Adam step (Kingma & Ba 2015, Algorithm 1) with the step size decaying linearly to 10 %,
+    and the running Polyak-Ruppert average of the second half of the iterates (it removes most
+    Monte-Carlo noise); shared by the plain and the DP-SGD local loops."""
+    tf_ = tf.cast(t + 1, tf.float64)
+    lr_t = lr * (1.0 - 0.9 * tf.cast(t, tf.float64) / tf.cast(steps, tf.float64))
+    m = tuple(_ADAM_B1 * mi + (1 - _ADAM_B1) * g for mi, g in zip(m, grads, strict=True))
+    v = tuple(_ADAM_B2 * vi + (1 - _ADAM_B2) * g**2 for vi, g in zip(v, grads, strict=True))
+    params = tuple(
+        p - lr_t * (mi / (1 - _ADAM_B1**tf_)) / (tf.sqrt(vi / (1 - _ADAM_B2**tf_)) + _ADAM_EPS)
+        for p, mi, vi in zip(params, m, v, strict=True))
+    weight = tf.where(t >= steps // 2, 1.0 / tf.cast(t - steps // 2 + 1, tf.float64),
+                      tf.constant(1.0, tf.float64))
+    avg = tuple(a + weight * (p - a) for a, p in zip(avg, params, strict=True))
+    return params, m, v, avg
+
+
 @tf.function(reduce_retracing=True)
 def _adam_loop(model, mu, raw, x, y, eta1, eta2, seed, steps, lr, mc, batch, minibatch, diag):
     n = tf.shape(x)[0]
@@ -154,17 +171,7 @@ def _adam_loop(model, mu, raw, x, y, eta1, eta2, seed, steps, lr, mc, batch, min
             loss = _objective(model, params[0], params[1], eps, xb, yb, eta1, eta2, data_scale,
                               diag)
         grads = tape.gradient(loss, params)
-        tf_ = tf.cast(t + 1, tf.float64)
-        lr_t = lr * (1.0 - 0.9 * tf.cast(t, tf.float64) / tf.cast(steps, tf.float64))
-        m = tuple(_ADAM_B1 * mi + (1 - _ADAM_B1) * g for mi, g in zip(m, grads, strict=True))
-        v = tuple(_ADAM_B2 * vi + (1 - _ADAM_B2) * g**2 for vi, g in zip(v, grads, strict=True))
-        params = tuple(
-            p - lr_t * (mi / (1 - _ADAM_B1**tf_)) / (tf.sqrt(vi / (1 - _ADAM_B2**tf_)) + _ADAM_EPS)
-            for p, mi, vi in zip(params, m, v, strict=True))
-        # Polyak-Ruppert averaging of the second half of the iterates removes most MC noise.
-        weight = tf.where(t >= steps // 2, 1.0 / tf.cast(t - steps // 2 + 1, tf.float64),
-                          tf.constant(1.0, tf.float64))
-        avg = tuple(a + weight * (p - a) for a, p in zip(avg, params, strict=True))
+        params, m, v, avg = _adam_step(params, m, v, avg, grads, t, steps, lr)
     return avg
 
 
@@ -779,14 +786,5 @@ def _dp_adam_loop(model, mu, raw, x, y, eta1, eta2, seed, steps, lr, mc, q, clip
         grads = dp_sgd_gradient(model, params, eps, xb, yb, eta1, eta2, q, clip, sigma,
                                 tf.random.experimental.stateless_fold_in(step_seed, 2), diag,
                                 weights)
-        tf_ = tf.cast(t + 1, tf.float64)
-        lr_t = lr * (1.0 - 0.9 * tf.cast(t, tf.float64) / tf.cast(steps, tf.float64))
-        m = tuple(_ADAM_B1 * mi + (1 - _ADAM_B1) * g for mi, g in zip(m, grads, strict=True))
-        v = tuple(_ADAM_B2 * vi + (1 - _ADAM_B2) * g**2 for vi, g in zip(v, grads, strict=True))
-        params = tuple(
-            p - lr_t * (mi / (1 - _ADAM_B1**tf_)) / (tf.sqrt(vi / (1 - _ADAM_B2**tf_)) + _ADAM_EPS)
-            for p, mi, vi in zip(params, m, v, strict=True))
-        weight = tf.where(t >= steps // 2, 1.0 / tf.cast(t - steps // 2 + 1, tf.float64),
-                          tf.constant(1.0, tf.float64))
-        avg = tuple(a + weight * (p - a) for a, p in zip(avg, params, strict=True))
+        params, m, v, avg = _adam_step(params, m, v, avg, grads, t, steps, lr)
     return avg
