@@ -20,7 +20,7 @@ from fedbayes_flwr.errors import ConfigError
 from fedbayes_flwr.inference import potentials as P
 from fedbayes_flwr.inference.posterior import SamplePosterior
 from fedbayes_flwr.runtime.config import parse_run_config
-from fedbayes_flwr.runtime.engine import iterate_in_process
+from fedbayes_flwr.runtime.engine import iterate_in_process, run_in_process
 from fedbayes_flwr.runtime.experiment import build_experiment
 
 RHO, N, D, AGENTS = 0.9, 250, 3, 5
@@ -240,3 +240,37 @@ def test_mass_matrix_needs_agreed_decisions(tmp_path, data_path):
                                                         "decision": "local"}))
     with pytest.raises(ConfigError, match="dhmc.mass-matrix"):
         parse_run_config(_keys(data_path, tmp_path, **{"mass-matrix": "full"}))
+
+
+@pytest.mark.slow
+def test_default_mass_matrix_doubles_ess_per_gradient_on_correlated_skewed_logistic(tmp_path):
+    """Issue 33's done-when on a case of our own: logistic regression with equicorrelated
+    features (rho 0.8, 5 features + intercept), 800 rows split over 4 agents by label (each holds
+    90 % of one label), every dhmc default (16 chains, 200 warm-up, 200 kept) except the mass
+    matrix. The default (``auto``: dense here) must at least double the ESS per gradient
+    evaluation of ``none`` (the issue's target). Measured: benchmarks/dhmc/mass_matrix.py gives
+    4.3x on the 10-agent (rho 0.8, d 5) cell, and this case 3.9x (min ESS 174 -> 683); both
+    runs' gradient counts are equal (same iterations, one leapfrog step), so the ratio is the
+    min-ESS ratio."""
+    rng = np.random.default_rng(33)
+    n, d, rho = 800, 5, 0.8
+    x = rng.multivariate_normal(np.zeros(d), rho * np.ones((d, d)) + (1 - rho) * np.eye(d), size=n)
+    w = rng.normal(0, 1, d) / np.sqrt(d) * 2.0
+    y = (rng.random(n) < 1 / (1 + np.exp(-(x @ w + 0.3)))).astype(np.int64)
+    # agents 0, 1 hold mostly label 0, agents 2, 3 mostly label 1 (90 % of their rows)
+    major = rng.random(n) < 0.9
+    owner = 2 * np.where(major, y, 1 - y) + rng.integers(0, 2, n)
+    path = tmp_path / "skewed.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x[:100], y_test=y[:100], client_id=owner)
+    rows = {}
+    for setting in ("none", "auto"):
+        out = tmp_path / setting
+        result = run_in_process(parse_run_config({
+            "algorithm": "dhmc", "model": "logistic-regression", "data": str(path),
+            "partition": "natural", "num-clients": 4, "seed": 0, "dhmc.iterations": 200,
+            "dhmc.mass-matrix": setting, "output-dir": str(out)}), progress=False)
+        chains = np.load(out / "posterior.npz")["chains"]
+        rows[setting] = (float(np.min(SamplePosterior(chains).ess())),
+                         result["history"][-1]["grad_evals"])
+    (ess_none, grads_none), (ess_auto, grads_auto) = rows["none"], rows["auto"]
+    assert ess_auto / grads_auto >= 2.0 * ess_none / grads_none, rows
