@@ -247,7 +247,10 @@ def test_the_families_run_on_the_keras_plugin(tmp_path, digits_small, algorithm)
 
 
 def test_pdmc_refuses_the_keras_model_in_one_line():
+    """With exact bounds (a Keras network supplies no rate bound): one line; with the default
+    ``pdmc.bounds = auto`` the same config is accepted (the Metropolis-adjusted variant)."""
+    parse_run_config({"algorithm": "pdmc", "model-modules": PLUGIN, "model": "user-keras-mlp"})
     with pytest.raises(ConfigError) as err:
         parse_run_config({"algorithm": "pdmc", "model-modules": PLUGIN,
-                          "model": "user-keras-mlp"})
+                          "model": "user-keras-mlp", "pdmc.bounds": "exact"})
     assert "rate_bound" in str(err.value) and "\n" not in str(err.value)
