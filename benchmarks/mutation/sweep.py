@@ -66,8 +66,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
     "pdmc": {
         "modules": ["algorithms/pdmc/sampler.py", "algorithms/pdmc/privacy.py",
-                    "algorithms/pdmc/driver.py"],
-        "tests": {"*": ["tests/pdmc/test_pdmc_mutants.py", "tests/pdmc/test_pdmc.py"],
+                    "algorithms/pdmc/driver.py", "algorithms/pdmc/metropolis.py"],
+        # driver.py's bound-free loop and metropolis.py are tested by test_pdmc_metropolis
+        "tests": {"*": ["tests/pdmc/test_pdmc_mutants.py", "tests/pdmc/test_pdmc.py",
+                        "tests/pdmc/test_pdmc_metropolis.py"],
                   "algorithms/pdmc/privacy.py": ["tests/pdmc/test_pdmc_privacy.py"]},
     },
     "amps": {
@@ -76,8 +78,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
     "dhmc": {
         "modules": ["algorithms/dhmc/agents.py", "algorithms/dhmc/loop.py",
-                    "algorithms/dhmc/baselines.py"],
-        "tests": {"*": ["tests/dhmc/test_dhmc_baselines.py", "tests/dhmc/test_dhmc.py"]},
+                    "algorithms/dhmc/baselines.py", "algorithms/dhmc/mass.py"],
+        # the trackers' invariant (agents.py) and the mass matrix (mass.py) have their own files
+        "tests": {"*": ["tests/dhmc/test_dhmc_baselines.py", "tests/dhmc/test_dhmc.py",
+                        "tests/dhmc/test_dhmc_tracking.py", "tests/dhmc/test_dhmc_mass.py"]},
     },
     "decentralized": {
         "modules": ["algorithms/decentralized/graphs.py", "algorithms/decentralized/mixing.py",
