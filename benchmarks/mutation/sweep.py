@@ -118,15 +118,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
 #: (module, line, operator, the mutated line stripped) -> why the mutant cannot change behaviour;
 #: these are listed in the JSON and left out of the score.
 EQUIVALENT: dict[tuple[str, int, str, str], str] = {
-    ("algorithms/pvi/server.py", 197, "core/ReplaceComparisonOperator_Lt_NotEq",
+    ("algorithms/pvi/server.py", 203, "core/ReplaceComparisonOperator_Lt_NotEq",
      "if state.search + 1 != config.max_backtracks:"):
         "search starts at 0 and grows only while search + 1 < max-backtracks (validated >= 1), "
         "so search + 1 never exceeds max-backtracks and < agrees with !=",
-    ("algorithms/pvi/server.py", 206, "core/ReplaceAndWithOr",
+    ("algorithms/pvi/server.py", 212, "core/ReplaceAndWithOr",
      "if (index > 0 or state.search > 0) or not values[1] >= floor:"):
         "when index = 0 in exchange 0, values[1] is the chosen candidate, acceptable by choose "
         "(>= floor), so the extra disjunct is false",
-    ("algorithms/pvi/server.py", 210, "core/ReplaceComparisonOperator_Gt_NotEq",
+    ("algorithms/pvi/server.py", 216, "core/ReplaceComparisonOperator_Gt_NotEq",
      "elif index != 0 or state.search > 0:"):
         "index is a non-negative int here (choose's None is handled above), so > 0 is != 0",
     ("algorithms/pvi/tempered.py", 58, "core/NumberReplacer", "@lru_cache(maxsize= 63)"):
