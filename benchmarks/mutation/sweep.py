@@ -56,9 +56,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
                   # the server-held step search, guard and proximal weight: test_pvi_auto
                   "algorithms/pvi/server.py": [
                       "tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_sweep.py",
-                      "tests/pvi/test_pvi_exact.py", "tests/pvi/test_pvi_auto.py"],
+                      "tests/pvi/test_pvi_exact.py", "tests/pvi/test_pvi_auto.py",
+                      "tests/pvi/test_pvi_step_search.py"],
                   "algorithms/pvi/step.py": [
-                      "tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_auto.py"]},
+                      "tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_auto.py",
+                      "tests/pvi/test_pvi_step_search.py"]},
     },
     "dsvgd": {
         "modules": ["algorithms/dsvgd/svgd.py"],
@@ -127,6 +129,19 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
     ("algorithms/amps/merge.py", 287, "core/NumberReplacer",
      "truth = np.asarray(truth, dtype=np.float64).reshape(len(truth), - 2)"):
         "numpy (2.x) reads any negative reshape size as 'infer', so -2 is the same as -1",
+    ("algorithms/pvi/server.py", 203, "core/ReplaceComparisonOperator_Lt_NotEq",
+     "if state.search + 1 != config.max_backtracks:"):
+        "search starts at 0 and grows only while search + 1 < max-backtracks (validated >= 1), "
+        "so search + 1 never exceeds max-backtracks and < agrees with !=",
+    ("algorithms/pvi/server.py", 212, "core/ReplaceAndWithOr",
+     "if (index > 0 or state.search > 0) or not values[1] >= floor:"):
+        "when index = 0 in exchange 0, values[1] is the chosen candidate, acceptable by choose "
+        "(>= floor), so the extra disjunct is false",
+    ("algorithms/pvi/server.py", 216, "core/ReplaceComparisonOperator_Gt_NotEq",
+     "elif index != 0 or state.search > 0:"):
+        "index is a non-negative int here (choose's None is handled above), so > 0 is != 0",
+    ("algorithms/pvi/tempered.py", 58, "core/NumberReplacer", "@lru_cache(maxsize= 63)"):
+        "the cache size only decides when a Tempered wrapper is rebuilt; every value is the same",
     ("algorithms/decentralized/graphs.py", 140, "core/ReplaceBinaryOperator_BitOr_BitXor",
      "bad = ~((arr == 0) ^ (arr == 1))"):
         "arr == 0 and arr == 1 are never both true, so their xor is their or",
