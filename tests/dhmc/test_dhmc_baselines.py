@@ -82,6 +82,14 @@ def test_centralized_hmc_matches_the_exact_posterior(problem):
     assert run.grad_evals == 1 + 1700
     assert 0.45 < run.accept_rate < 0.8  # target 0.6
     _mcse_checks(run.samples, mean, var)
+    # Power: 4 MCSE (printed) is well under 0.25 sd / 0.25, so the same checks against the
+    # mean moved by 0.5 sd, and the variance scaled by 1.5, fail in every coordinate.
+    flat = run.samples.reshape(-1, D)
+    ess = SamplePosterior(run.samples).ess()
+    sq_ess = SamplePosterior((run.samples - flat.mean(0)) ** 2).ess()
+    print(f"4 MCSE mean {(4 / np.sqrt(ess)).round(3)} sd, var {(4 * np.sqrt(2 / sq_ess)).round(3)}")
+    assert np.all(np.abs(flat.mean(0) - (mean + 0.5 * np.sqrt(var))) > 4 * np.sqrt(var / ess))
+    assert np.all(np.abs(flat.var(0) / (1.5 * var) - 1) > 4 * np.sqrt(2 / sq_ess))
 
 
 def test_centralized_hmc_makes_the_decentralized_moves_at_exact_consensus(problem):
