@@ -267,3 +267,63 @@ def test_staleness_step_formula(server_round, request_round, tau):
     state = ServerState(prior=None, posterior=None, server_round=server_round, accepted_round=None)
     assert pvi_server.staleness_step(state, request_round) == pytest.approx(1 / np.sqrt(1 + tau),
                                                                             rel=1e-15)
+
+
+# --- client.py mutants of the fresh sweep (seed 0, population 1,513) ---------------------------
+
+def test_streaming_vb_without_deletion_adds_the_likelihood_every_visit():
+    """``cavity = no-deletion`` (streaming VB, Ashman et al. 2022 Section 5): the cavity is the
+    current ``q``, so with a conjugate model every visit's delta is ``q_new - q``, the client's
+    likelihood ``(X^T y / sigma^2, -X^T X / (2 sigma^2))`` computed here, on the first visit
+    AND the second (when ``t_k`` already holds one copy). Mutant ``== "no-deletion"`` ->
+    ``< "no-deletion"`` takes the deletion branch, whose second delta is
+    ``q_new - q - t_k = 0``."""
+    from dataclasses import replace
+
+    from fedbayes_flwr.algorithms.pvi import client as pvi_client
+    from fedbayes_flwr.algorithms.pvi.messages import ServerMessage
+    from fedbayes_flwr.inference.gaussian import NaturalGaussian
+
+    exp = _exp()
+    config = replace(exp.config.section, cavity="no-deletion", damping=1.0)
+    data = exp.client_data(0)
+    x, y, sigma = data.x, data.y, exp.model.noise_scale
+    like = (x.T @ y / sigma**2, -0.5 * x.T @ x / sigma**2)
+    state = pvi_client.init_client(exp.prior)
+    q = exp.prior
+    for visit in (1, 2):
+        state, reply = pvi_client.client_step([0, visit], state, ServerMessage(q, visit, visit - 1),
+                                              exp.model, x, y, config)
+        np.testing.assert_allclose(reply.delta.eta1, like[0], rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(reply.delta.eta2, like[1], rtol=1e-9, atol=1e-9)
+        q = NaturalGaussian(q.eta1 + reply.delta.eta1, q.eta2 + reply.delta.eta2)
+
+
+def test_dp_client_sees_its_own_row_count(monkeypatch):
+    """The DP-SGD client's sampling rate is ``batch-size / n_k`` with ``n_k`` its ROWS (40 rows,
+    3 features, batch 10: q = 0.25), and a batch larger than its rows (50) is refused naming
+    the 40 rows. Mutants: ``n = x.shape[-1]`` (the feature count, 3: batch 10 refused) and
+    ``batch-size > n`` -> ``<=`` (batch 10 refused)."""
+    from fedbayes_flwr.algorithms.pvi import client as pvi_client
+    from fedbayes_flwr.algorithms.pvi.config import PVIConfig
+    from fedbayes_flwr.inference import vi
+
+    seen = {}
+
+    def fake_fit(seed, model, x, y, cavity, init, vi_config, dp):
+        seen["dp"] = dp
+        return cavity
+
+    class Model:
+        def local_init(self, init, d):
+            return init
+
+    monkeypatch.setattr(vi, "fit_gaussian_dp_sgd", fake_fit)
+    prior = _exp().prior
+    x, y = np.zeros((40, 3)), np.zeros(40)
+    config = PVIConfig(dp="dp-sgd", dp_noise_multiplier=1.5, batch_size=10)
+    pvi_client.private_optimum([0, 1], Model(), x, y, prior, prior, config, 4)
+    assert seen["dp"].sampling_rate == 0.25 and seen["dp"].noise_multiplier == 1.5
+    with pytest.raises(ValueError, match="larger than this partition's 40 rows"):
+        pvi_client.private_optimum([0, 1], Model(), x, y, prior, prior,
+                                   PVIConfig(dp="dp-sgd", dp_noise_multiplier=1.5, batch_size=50), 4)

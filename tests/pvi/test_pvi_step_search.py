@@ -174,3 +174,59 @@ def test_server_step_rejection_does_not_stop_later_replies():
     assert len(info.rejected) == 1
     np.testing.assert_array_equal(new.posterior.eta1, [1.0])
     np.testing.assert_array_equal(new.posterior.eta2, [-1.0])
+
+
+# --- mutants of the fresh sweep (seed 0, population 1,513) ------------------------------------
+
+def test_an_odd_number_of_plain_steps_is_searched_in_full():
+    # pvi.line-search-steps = 3: candidates [q, s = 1, 1/2, 1/4]; ells [0, -1, -1, 1] (all
+    # candidates are the prior, so F = ell): only s = 1/4 is at least f0 = 0 (the floor is
+    # f0 - 1e-3 max(1, |f0|) = -1e-3 for the default tolerance, which -1 misses), so exchange 0
+    # takes it. Mutant `1 + steps` -> `1 | steps` (1 | 3 = 3) would look at s = 1 and 1/2 only.
+    config = PVIConfig(line_search_steps=3, step_rule="largest")
+    state, info = srv.search_step(_searching(config), [(0, CandidateReply(
+        np.array([0.0, -1.0, -1.0, 1.0])))], config, 1)
+    assert info.diagnostics["pvi_step"] == 0.25
+    assert state.free_energy == 1.0
+
+
+def test_anderson_is_recognised_from_a_string_built_at_run_time():
+    # A config value read from TOML / the command line is not an interned literal: the
+    # Anderson candidate must still be added (1 current + 4 plain + 1 Anderson = 6 candidates,
+    # the last one improper-flagged since the history is empty). Mutant `==` -> `is` drops it.
+    name = "".join(["ander", "son"])
+    assert name == "anderson"
+    config = PVIConfig(acceleration=name)
+    cands = srv.candidates(_searching(config), config)
+    assert len(cands.steps) == 6 and np.isnan(cands.steps[-1])
+    assert not cands.proper[-1]  # no history yet: the Anderson slot is not a candidate
+
+
+def test_an_unknown_schedule_is_refused_by_select_clients():
+    # select_clients's own contract: an unknown schedule raises (mutant `== "sequential"` ->
+    # `<= "sequential"` would treat "parallel" < "sequential" as the sequential schedule)
+    with pytest.raises(ValueError, match="unknown schedule 'parallel'"):
+        srv.select_clients(0, 1, 3, "parallel")
+    assert srv.select_clients(0, 1, 3, "synchronous") == [0, 1, 2]
+
+
+def test_the_first_broadcast_is_for_round_one():
+    # Flower's rounds are 1-based: a fresh server's first message is for round 1 and carries
+    # no accepted round (mutant: the server starting at round 1, so its first message says 2)
+    state = srv.init_server(PRIOR, 2)
+    assert state.server_round == 0
+    message = srv.broadcast(state, 1)
+    assert message.server_round == 1 and message.accepted_round == -1  # commit.NO_ROUND
+
+
+def test_safe_rule_in_the_search_sees_every_plain_step():
+    # test_safe_rule_chord_slope_is_true_division's profile through search_step (Monte Carlo
+    # free energies: no unit-step exception): ells [f0 = 0, 1.1, 0.55, 0.2, 0.3] for steps
+    # (1, 1/2, 1/4, 1/8) -> chord slope 2.4, only s = 1/8 passes Armijo -> step 0.125. Mutant
+    # `steps[1:1 + 4]` -> `steps[1:1 - 4]` hands choose the steps (1,) only: slope 0.3 / 1,
+    # and 1.1 >= 0.15 takes s = 1.
+    config = PVIConfig(step_rule="safe")
+    state, info = srv.search_step(_searching(config), [(0, CandidateReply(
+        np.array([0.0, 1.1, 0.55, 0.2, 0.3])))], config, 1, exact_free_energy=False)
+    assert info.diagnostics["pvi_step"] == 0.125
+    assert state.free_energy == 0.3
