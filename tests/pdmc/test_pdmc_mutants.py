@@ -13,6 +13,10 @@ below the rate (the mutant's ``s / 2`` against ``tanh s ~ s``) accepts every can
 and delays the events. Measured (K = 20000, seed 0): the exact bound gives KS D = 0.009
 (p = 0.06), mean 1.339 against the exact 1.348; the halved bound D = 0.197 (p = 0), mean 1.711;
 a bound 0.8x too small still fails (D = 0.023, p = 2e-9), 0.95x passes (D = 0.006).
+
+At the end, exact checks of the driver's bookkeeping (issue 31's survivors in ``driver.py``): the
+default refreshment, ``grad_evals`` against a count at the potentials, and the Metropolis
+trajectory length rounded up to the rate grid.
 """
 
 import numpy as np
@@ -20,7 +24,8 @@ import pytest
 from scipy import integrate, stats
 
 from fedbayes_flwr.algorithms.pdmc import sampler
-from fedbayes_flwr.inference.potentials import Potential
+from fedbayes_flwr.algorithms.pdmc.driver import simulate
+from fedbayes_flwr.inference.potentials import Potential, Quadratic
 from tests.helpers import mutants
 
 K = 20_000  # chains, one event each: one vectorised propose() call
@@ -169,3 +174,171 @@ def test_zigzag_thinning_mutant_fails_with_a_preconditioner(monkeypatch):
     mutants.apply(monkeypatch, "M11")
     with pytest.raises(AssertionError, match="exact law"):
         _check_z_event_law(Preconditioned(LogCosh(), M_TEST, L_TEST))
+
+
+# ------------------------------------- the driver's bookkeeping (issue 31: driver.py survivors)
+# Exact checks, no statistics: the default refreshment, the gradient-evaluation count against an
+# independent count of the potentials' calls, and the Metropolis trajectory length (rounded up to
+# a multiple of the rate grid) against its closed form on a flat target.
+
+
+class Counted:
+    """A potential that counts its evaluations, one per row (one chain) of each ``grad`` and
+    ``value`` call; every other attribute is the wrapped potential's."""
+
+    def __init__(self, inner):
+        self.inner, self.grads, self.values = inner, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def grad(self, x):
+        self.grads += x.shape[0]
+        return self.inner.grad(x)
+
+    def value(self, x):
+        self.values += x.shape[0]
+        return self.inner.value(x)
+
+
+def _two_workers():
+    """A thinned non-quadratic worker (log cosh: candidates get rejected) and a quadratic one."""
+    return [Counted(LogCosh()), Counted(Quadratic(0.5 * np.eye(2), np.array([0.3, -0.2])))]
+
+
+def _start(k, sampler_name, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((k, 2)), sampler.initial_velocity(sampler_name, rng, k, 2)
+
+
+def test_default_refresh_is_none():
+    """``simulate``'s documented default is ``refresh = 0`` (no refreshment): a run without the
+    argument is bitwise the run with ``refresh=0.0``; power: ``refresh=1.0`` (BPS refreshment at
+    rate 1 over process time 10: ~10 refreshments per chain) changes the run."""
+    pots, prior = _two_workers(), Quadratic(0.25 * np.eye(2), np.zeros(2))
+    x0, v0 = _start(3, "bps")
+
+    def run(**kw):
+        return simulate(pots, prior, "bps", x0, v0, process_time=10.0, delta=0.5, seed=4, **kw)
+
+    default, none, some = run(), run(refresh=0.0), run(refresh=1.0)
+    for a, b in zip(default, none, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(default.chains, some.chains)
+    assert not np.array_equal(default.events, some.events)
+
+
+@pytest.mark.parametrize("sampler_name", ["zigzag", "bps"])
+@pytest.mark.parametrize("bounds", ["exact", "metropolis"])
+def test_grad_evals_is_the_number_of_potential_evaluations(sampler_name, bounds):
+    """``Run.grad_evals`` is the work spent: every gradient of every chain at the server's prior
+    and at each worker (thinning: rejected candidates included; grid rates: every cell end and
+    the Metropolis path terms), plus, with ``metropolis``, each worker's two values
+    ``U_m(x_0)``, ``U_m(x_T)`` per chain per trajectory (the bundle's ``evals + 2 k``). Counted
+    here at the potentials themselves. ``K = 3`` chains (``2 k`` and ``2 ** k`` differ) and a
+    moving prior, so both the server's and the workers' shares are positive."""
+    pots = _two_workers()
+    prior = Counted(Quadratic(0.25 * np.eye(2), np.zeros(2)))
+    x0, v0 = _start(3, sampler_name, seed=1)
+    run = simulate(pots, prior, sampler_name, x0, v0, process_time=6.0, delta=0.5, seed=2,
+                   bounds=bounds, trajectory=1.0, rate_grid=0.5)
+    assert prior.grads > 0 and all(p.grads > 0 for p in pots)
+    assert prior.values == 0  # the prior's share of log alpha cancels: never evaluated
+    if bounds == "exact":
+        assert all(p.values == 0 for p in pots)
+    else:  # two values per chain per worker per trajectory: 6 trajectories of length 1, K = 3
+        assert all(p.values == 2 * 3 * 6 for p in pots)
+    expected = prior.grads + sum(p.grads + p.values for p in pots)
+    assert run.grad_evals == expected, (run.grad_evals, expected)
+
+
+@pytest.mark.parametrize("sampler_name", ["zigzag", "bps"])
+@pytest.mark.parametrize("process_time, burn_in, count, first", [
+    (2.2, 0.0, 3, 1), (3.0, 0.0, 3, 1), (3.0, 1.5, 3, 2), (3.0, 2.0, 3, 2)])
+def test_metropolis_trajectory_is_rounded_up_to_the_grid(sampler_name, process_time, burn_in,
+                                                         count, first):
+    """``trajectory = 0.7`` on ``rate_grid = 0.5`` is rounded up to ``T = 1.0`` (the documented
+    rounding: the reversal argument needs ``T`` a multiple of the grid). On a flat target (zero
+    potentials) there are no events and ``log alpha = 0``, so every step accepts and after step
+    ``j`` the chain is exactly ``x_0 + j T v``: ``ceil(process_time / T)`` steps, the samples
+    those with ``j T >= burn_in``, and per step ``T / max_horizon`` = 1 exchange of the
+    trajectory plus the Metropolis exchange. (Rounding down, ``T = 0.5``, gives twice the steps
+    at half the spacing.)"""
+    flat = Quadratic(np.zeros((2, 2)), np.zeros(2))
+    pots = [Counted(flat), Counted(flat)]
+    x0, v0 = _start(3, sampler_name, seed=5)
+    run = simulate(pots, flat, sampler_name, x0, v0, process_time=process_time, delta=0.1,
+                   seed=1, burn_in=burn_in, bounds="metropolis", trajectory=0.7, rate_grid=0.5,
+                   max_horizon=1.0)
+    length = 1.0
+    steps = np.arange(first, count + 1)
+    expected = x0[:, None, :] + steps[None, :, None] * length * v0[:, None, :]
+    assert run.chains.shape == (3, steps.size, 2)
+    np.testing.assert_allclose(run.chains, expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(run.x, x0 + count * length * v0, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(run.v, v0)  # accepted: the velocity kept
+    assert run.exchanges == 2 * count
+    assert run.acceptance == 1.0
+    assert np.all(run.events == 0)
+    # each worker's end terms: two values per chain per Metropolis step
+    assert all(p.values == 2 * 3 * count for p in pots)
+
+
+@pytest.mark.parametrize("bounds", ["exact", "metropolis"])
+def test_each_party_draws_from_its_documented_stream(bounds, monkeypatch):
+    """``simulate``'s documented streams: in exchange ``e`` party ``m`` (the server 0, worker
+    ``m`` 1-based) draws from ``default_rng([seed, e, m])``, every party once per proposal
+    exchange (distinct streams: shared ones would make the proposals dependent, sampler.py), and
+    the Metropolis exchange only the server, for its acceptance uniforms. Recorded at numpy."""
+    keys = []
+    real = np.random.default_rng
+
+    def recording(seed=None):
+        keys.append(tuple(seed))
+        return real(seed)
+
+    pots, prior = _two_workers(), Quadratic(0.25 * np.eye(2), np.zeros(2))
+    x0, v0 = _start(3, "zigzag", seed=1)
+    monkeypatch.setattr(np.random, "default_rng", recording)
+    run = simulate(pots, prior, "zigzag", x0, v0, process_time=3.0, delta=0.5, seed=7,
+                   bounds=bounds, trajectory=1.0, rate_grid=0.5)
+    monkeypatch.undo()
+    assert len(set(keys)) == len(keys)  # no stream drawn twice
+    assert {k[0] for k in keys} == {7}
+    per = {e: sorted(k[2] for k in keys if k[1] == e) for e in range(1, run.exchanges + 1)}
+    assert sorted({k[1] for k in keys}) == list(per)
+    # a Metropolis exchange ends each of the 3 trajectories; every other exchange asks all
+    proposals = [e for e, m in per.items() if m == [0, 1, 2]]
+    metropolis = [e for e, m in per.items() if m == [0]]
+    assert len(proposals) + len(metropolis) == run.exchanges
+    assert len(metropolis) == (3 if bounds == "metropolis" else 0)
+
+
+class ValueOnly(Potential):
+    """A stub, not a consistent potential: zero gradient (no events, zero path terms) but
+    ``value = 50 |x|^2``, which only the Metropolis step reads; from ``x_0 = 0`` every
+    trajectory ends at ``|x_T|^2 = d T^2 = 2`` (Zig-Zag), so ``log alpha = -100`` and the step
+    rejects (``P(log u >= -100) = e^-100``)."""
+
+    dim = 2
+
+    def grad(self, x):
+        return np.zeros_like(x)
+
+    def value(self, x):
+        return 50.0 * np.sum(x * x, axis=1)
+
+
+def test_a_rejected_metropolis_step_restarts_from_the_start_with_the_velocity_flipped():
+    """metropolis.py: "on rejection from ``(x_0, -v_0)``". Every step rejects (ValueOnly), so
+    every sample is ``x_0`` and after 3 steps the velocity is ``(-1)^3 v_0``; acceptance 0."""
+    x0 = np.zeros((3, 2))
+    v0 = sampler.initial_velocity("zigzag", np.random.default_rng(2), 3, 2)
+    flat = Quadratic(np.zeros((2, 2)), np.zeros(2))
+    run = simulate([ValueOnly()], flat, "zigzag", x0, v0, process_time=3.0, delta=0.5, seed=3,
+                   bounds="metropolis", trajectory=1.0, rate_grid=0.5)
+    assert run.chains.shape == (3, 3, 2)
+    np.testing.assert_array_equal(run.chains, 0.0)
+    np.testing.assert_array_equal(run.x, x0)
+    np.testing.assert_array_equal(run.v, -v0)
+    assert run.acceptance == 0.0
