@@ -175,6 +175,14 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
      "if state.proximal != 0:"):
         "the proximal weight is never negative (PVIConfig refuses pvi.proximal < 0; "
         "first_proximal gives 0 or 1 and raised_proximal only grows it), so != 0 is > 0",
+    ("algorithms/pvi/server.py", 191, "core/ReplaceComparisonOperator_Eq_LtE",
+     'if config.acceleration <= "anderson":  # the fixed-point map changes with beta'):
+        "PVIConfig admits only 'none' and 'anderson'; 'none' <= 'anderson' is False and "
+        "'anderson' <= 'anderson' True: the same as ==",
+    ("algorithms/pvi/server.py", 212, "core/ReplaceComparisonOperator_Gt_GtE",
+     "if (index > 0 or state.search >= 0) and not values[1] >= floor:"):
+        "the extra case is index = 0 in exchange 0, where values[1] is the chosen candidate, "
+        "acceptable by choose (>= floor), so the condition stays false; the elif is unchanged",
 }
 
 #: ``EQUIVALENT`` keyed by (module, operator, mutated line), the line number left out

@@ -188,6 +188,14 @@ def test_an_odd_number_of_plain_steps_is_searched_in_full():
         np.array([0.0, -1.0, -1.0, 1.0])))], config, 1)
     assert info.diagnostics["pvi_step"] == 0.25
     assert state.free_energy == 1.0
+    # the 'safe' rule gets the three steps too: ells [0, 0.9, 0.55, 0.5], chord slope
+    # 0.5 / 0.25 = 2, Armijo F(s) >= 0.5 s 2 = s: 0.9 >= 1 no, 0.55 >= 0.5 yes, 0.5 >= 0.25 yes;
+    # the best of those is s = 1/2 (the mutant hands choose two steps for three values)
+    config = PVIConfig(line_search_steps=3, step_rule="safe")
+    state, info = srv.search_step(_searching(config), [(0, CandidateReply(
+        np.array([0.0, 0.9, 0.55, 0.5])))], config, 1, exact_free_energy=False)
+    assert info.diagnostics["pvi_step"] == 0.5
+    assert state.free_energy == 0.55
 
 
 def test_anderson_is_recognised_from_a_string_built_at_run_time():
@@ -230,3 +238,18 @@ def test_safe_rule_in_the_search_sees_every_plain_step():
         np.array([0.0, 1.1, 0.55, 0.2, 0.3])))], config, 1, exact_free_energy=False)
     assert info.diagnostics["pvi_step"] == 0.125
     assert state.free_energy == 0.3
+
+
+def test_a_smaller_best_step_is_reported_as_the_rule_not_the_guard():
+    # step rule 'best', ells [f0 = 0, 0.5, 1.0, 0.2, 0.1] for steps (1, 1/2, 1/4, 1/8): every
+    # candidate is acceptable (>= floor -1e-3) and s = 1/2 has the highest free energy, so the
+    # step is 0.5 by the rule, and the unit step (0.5 > floor) did NOT lower the free energy:
+    # a 'pvi_rule' diagnostic, no 'pvi_guard'. Mutant `values[1] >= floor` -> `== floor`
+    # reports the guard.
+    config = PVIConfig(step_rule="best")
+    state, info = srv.search_step(_searching(config), [(0, CandidateReply(
+        np.array([0.0, 0.5, 1.0, 0.2, 0.1])))], config, 1)
+    assert info.diagnostics["pvi_step"] == 0.5
+    assert info.diagnostics["pvi_rule"] == "step rule 'best' took 0.5"
+    assert "pvi_guard" not in info.diagnostics
+    assert state.free_energy == 1.0
