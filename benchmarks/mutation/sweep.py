@@ -183,6 +183,9 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
      "if (index > 0 or state.search >= 0) and not values[1] >= floor:"):
         "the extra case is index = 0 in exchange 0, where values[1] is the chosen candidate, "
         "acceptable by choose (>= floor), so the condition stays false; the elif is unchanged",
+    ("algorithms/pvi/server.py", 262, "core/NumberReplacer",
+     "accepted = tuple(range(state.received.shape[ -1]))"):
+        "received is the 1-D (num_clients,) flag array (init_server), so shape[-1] is shape[0]",
 }
 
 #: ``EQUIVALENT`` keyed by (module, operator, mutated line), the line number left out

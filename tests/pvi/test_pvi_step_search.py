@@ -253,3 +253,16 @@ def test_a_smaller_best_step_is_reported_as_the_rule_not_the_guard():
     assert info.diagnostics["pvi_rule"] == "step rule 'best' took 0.5"
     assert "pvi_guard" not in info.diagnostics
     assert state.free_energy == 1.0
+
+
+def test_nonmonotone_fallback_never_takes_a_step_above_the_last():
+    # Grippo et al. (1986): the fallback takes the largest candidate step <= the last step taken
+    # whose free energy is >= the lowest of the recent rounds. Last step 1/2, window (-5,),
+    # every candidate at 1 >= -5: steps (1, 1/2, 1/4, 1/8) -> index 1 (s = 1/2, not s = 1).
+    # Mutant `last * (1 + 1e-12)` -> `last * (2 + 1e-12)` admits s = 1.
+    config = PVIConfig(damping="auto", nonmonotone=3)
+    state = srv.init_server(PRIOR, 1, config)._replace(last_step=0.5, recent=(-5.0,))
+    steps = np.array([1.0, 0.5, 0.25, 0.125])
+    assert srv.nonmonotone_index(state, config, np.ones(4), steps) == 1
+    # a last step below every candidate: none qualifies
+    assert srv.nonmonotone_index(state._replace(last_step=0.1), config, np.ones(4), steps) is None
