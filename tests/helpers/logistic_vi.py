@@ -123,35 +123,41 @@ def optimum(reference, x, y, iterations=200, damping=0.5, order=80):
     return SimpleNamespace(eta1=lam @ m, eta2=eta2)
 
 
-def quadrature_optimum(reference, x, y, order=64, iterations=200, damping=0.5):
-    """The maximiser over full-covariance Gaussians of ``Q(q) - KL(q || reference)``, where
-    ``Q = sum_i sum_j w_j log sigmoid(s_i (mu_i + sd_i z_j))`` is the ``order``-point
-    Gauss-Hermite sum itself (``mu_i = x_i . m``, ``sd_i^2 = x_i^T S x_i``), by damped fixed-point
-    iterations on its exact stationarity conditions:
+def quadrature_gradient(m, cov, x, y, order=64):
+    """``(dQ/dm, dQ/dS)`` of the ``order``-point Gauss-Hermite sum
+    ``Q(m, S) = sum_i sum_j w_j log sigmoid(s_i (mu_i + sd_i z_j))``, ``mu_i = x_i . m``,
+    ``sd_i^2 = x_i^T S x_i`` (the design adds the intercept's 1), differentiated exactly:
 
         dQ/dm = sum_i x_i g_i,          g_i = sum_j w_j s_i sigmoid(-s_i a_ij),
-        dQ/dS = sum_i x_i x_i^T h_i,    h_i = sum_j w_j s_i sigmoid(-s_i a_ij) z_j / (2 sd_i),
-        Lambda_q = Lambda_r - 2 dQ/dS,  Lambda_r (m - m_r) = dQ/dm.
-
-    Returns ``(q, residual)``: ``q`` with ``eta1, eta2`` (full), ``residual`` the largest
-    relative size of the last undamped mean step (in units of ``m``'s max-norm) and
-    precision target (of ``Lambda``'s max-norm)."""
-    from types import SimpleNamespace
-
-    mr, _, lam_r = moments(reference)
-    m, lam = mr.copy(), lam_r.copy()
+        dQ/dS = sum_i x_i x_i^T h_i,    h_i = sum_j w_j s_i sigmoid(-s_i a_ij) z_j / (2 sd_i)."""
     z = design(x)
     nodes, weights = hermegauss(order)
     weights = weights / np.sqrt(2 * np.pi)
     sign = 2.0 * np.asarray(y, dtype=np.float64) - 1.0
+    mu, sd = z @ m, np.sqrt(np.einsum("ij,jk,ik->i", z, cov, z))
+    a = mu[:, None] + sd[:, None] * nodes[None, :]
+    d1 = sign[:, None] * _sigmoid(-sign[:, None] * a)  # d log sigmoid(s a) / da
+    g, h = d1 @ weights, (d1 * nodes[None, :]) @ weights / (2 * sd)
+    return z.T @ g, (z * h[:, None]).T @ z
+
+
+def quadrature_optimum(reference, x, y, order=64, iterations=200, damping=0.5):
+    """The maximiser over full-covariance Gaussians of ``Q(q) - KL(q || reference)``, ``Q`` the
+    ``order``-point Gauss-Hermite sum itself (:func:`quadrature_gradient`), by damped
+    fixed-point iterations on its exact stationarity conditions
+    ``Lambda_q = Lambda_r - 2 dQ/dS`` and ``Lambda_r (m - m_r) = dQ/dm``.
+
+    Returns ``(q, residual)``: ``q`` with ``eta1, eta2`` (full), ``residual`` the larger of the
+    last undamped mean step (relative to ``m``'s max-norm) and precision change (relative to
+    ``Lambda``'s max-norm)."""
+    from types import SimpleNamespace
+
+    mr, _, lam_r = moments(reference)
+    m, lam = mr.copy(), lam_r.copy()
     for _ in range(iterations):
-        cov = np.linalg.inv(lam)
-        mu, sd = z @ m, np.sqrt(np.einsum("ij,jk,ik->i", z, cov, z))
-        a = mu[:, None] + sd[:, None] * nodes[None, :]
-        d1 = sign[:, None] * _sigmoid(-sign[:, None] * a)  # d log sigmoid(s a) / da
-        g, h = d1 @ weights, (d1 * nodes[None, :]) @ weights / (2 * sd)
-        lam_new = lam_r - 2 * (z * h[:, None]).T @ z
-        step = np.linalg.solve(lam, z.T @ g - lam_r @ (m - mr))
+        grad_m, grad_s = quadrature_gradient(m, np.linalg.inv(lam), x, y, order)
+        lam_new = lam_r - 2 * grad_s
+        step = np.linalg.solve(lam, grad_m - lam_r @ (m - mr))
         residual = max(np.abs(step).max() / max(np.abs(m).max(), 1e-300),
                        np.abs(lam_new - lam).max() / np.abs(lam).max())
         lam = (1 - damping) * lam + damping * lam_new
