@@ -85,7 +85,12 @@ def test_fedavg_converges_to_the_weighted_mean_of_exact_local_optima():
     """Linear regression, full batch: client k's objective log p(D_k | theta) + log p0 / K is
     quadratic with the optimum theta_k* = (X_k' X_k / s^2 + P0 / K)^-1 X_k' y_k / s^2, which does
     not depend on the start, so FedAvg's fixed point is sum_k n_k theta_k* / n: not the MAP
-    unless the local Hessians agree. Adam's residual after 300 steps: below 1e-3 posterior sd."""
+    unless the local Hessians agree.
+
+    The bound, 1e-3 posterior sd per coordinate, is an optimiser's convergence tolerance (Adam
+    has no closed-form residual): measured 1.2e-4 sd after round 2 (1.66 sd after round 1, so
+    one round would not pass). Power: the pooled posterior mean (the MAP), the natural wrong
+    answer, is 0.095-0.33 sd away in every coordinate and fails the same bound (checked)."""
     exp = _experiment(algorithm="fedavg", **{"num-rounds": 2, "local-steps": 300,
                                              "learning-rate": 0.05})
     state = list(iterate_in_process(exp))[-1][1]
@@ -102,6 +107,7 @@ def test_fedavg_converges_to_the_weighted_mean_of_exact_local_optima():
     mean, cov = G.to_moments(exact)
     sd = np.sqrt(np.diag(cov))
     assert np.all(np.abs(state.theta - want) / sd < 1e-3), np.abs(state.theta - want) / sd
+    assert np.all(np.abs(mean - want) / sd > 1e-3), np.abs(mean - want) / sd  # power: not the MAP
 
 
 def test_bad_replies_are_rejected_and_theta_untouched():

@@ -126,42 +126,54 @@ def test_gaussian_example_and_linear_regression_equal_the_exact_posterior():
 
 
 def test_logistic_merge_is_positive_definite_and_reported_against_global_vi(tmp_path):
-    """Logistic regression: the merged precision is positive definite; the merge is an
-    approximation of global VI, reported as the test NLL gap (no target for it in the paper)."""
-    out = {}
-    for name, clients in (("amps", 5), ("batch-vb", 1)):
-        result = run_in_process(parse_run_config({
-            "algorithm": name, "model": "logistic-regression", "dataset": "breast-cancer",
-            "num-clients": clients, "output-dir": str(tmp_path / name)}), progress=False)
-        out[name] = result["final"]
+    """Logistic regression on breast-cancer, 5 clients: the merged precision is positive
+    definite and the merged natural parameters equal eq. 3 of the clients' local VI optima
+    computed here with numpy (comment below). The gap to global VI is the benchmark's to report
+    (the paper sets no target for it; this test no longer runs batch VB only to print it)."""
+    run_in_process(parse_run_config({
+        "algorithm": "amps", "model": "logistic-regression", "dataset": "breast-cancer",
+        "num-clients": 5, "output-dir": str(tmp_path / "amps")}), progress=False)
     post = np.load(tmp_path / "amps" / "posterior.npz")
     prec = -2 * post["eta2"]
     assert np.linalg.eigvalsh(0.5 * (prec + prec.T)).min() > 0
-    print("logistic test NLL: amps", out["amps"]["test_nll"], "global VI (batch-vb)",
-          out["batch-vb"]["test_nll"])
-    # the merge (eq. 3) of the clients' local VI optima, both computed here without the library
-    # (tests.helpers.logistic_vi: 80-point Gauss-Hermite natural-gradient iterations, residual
-    # < 1e-8): eta = sum_k eta_k - (K - 1) eta_0. The library solves each local problem with a
-    # 64-point rule to an ELBO tolerance; measured, its merged eta1 / eta2 differ from the
-    # 80-point optimum's by 1.5e-3 / 7.6e-4 of their max-norm, hence the bound 5e-3 (3x). Power:
-    # removing K prior copies instead of K - 1 moves eta2's diagonal by 0.5, 8e-2 of its max-norm
+    # The merge (eq. 3) of the clients' local VI optima, eta = sum_k eta_k - (K - 1) eta_0,
+    # with each optimum computed here without the library for the objective the library
+    # maximises: the 64-point Gauss-Hermite sum of E_q[log p(y | theta)] (its rule,
+    # fedbayes_flwr.models.linear), differentiated exactly, minus KL(q || prior)
+    # (tests.helpers.logistic_vi.quadrature_optimum: numpy fixed-point iterations to a relative
+    # residual ~1e-16). Tolerance 1e-6 of the max-norm: the library's local solve
+    # (inference.vi.solve_local, tol min(amps.tol, 1e-8)) stops at a natural-gradient residual
+    # of 1e-8 in coordinates whitened at q, where the free energy's curvature is ~1, so each
+    # client's eta is off by ~1e-8 relative per coordinate, ~sqrt(d) = 5.6e-8 in norm; summed
+    # over K = 5 clients ~3e-7 < 1e-6 (measured 2.5e-9 / 1.8e-9). Power: the optimum of the
+    # same integral's stationarity identities evaluated with the same 64-point rule
+    # (logistic_vi.optimum: dE/dmu = E[f'], dE/dv = E[f''] / 2, exact only for the integral)
+    # is 1.3e-3 / 6.7e-4 away, and removing K prior copies instead of K - 1 moves eta2 by 8e-2:
+    # both fail the same bound (checked below).
     from tests.helpers import logistic_vi
 
     exp = build_experiment(parse_run_config({"algorithm": "amps", "model": "logistic-regression",
                                              "dataset": "breast-cancer", "num-clients": 5}))
     k = exp.num_clients
     eta1, eta2 = -(k - 1) * exp.prior.eta1, -(k - 1) * exp.prior.eta2
+    price1, price2 = eta1.copy(), eta2.copy()
     for pid in range(k):
         data = exp.client_data(pid)
-        local = logistic_vi.optimum(exp.prior, data.x, data.y, iterations=60)
+        local, residual = logistic_vi.quadrature_optimum(exp.prior, data.x, data.y, order=64)
+        assert residual < 1e-12, residual
         eta1, eta2 = eta1 + local.eta1, eta2 + local.eta2
+        other = logistic_vi.optimum(exp.prior, data.x, data.y, iterations=200, order=64)
+        price1, price2 = price1 + other.eta1, price2 + other.eta2
 
     def off(got, want):
         return np.abs(got - want).max() / np.abs(want).max()
 
-    assert off(post["eta1"], eta1) < 5e-3 and off(post["eta2"], eta2) < 5e-3, \
+    print(f"logistic merge vs the independent 64-point merge: eta1 {off(post['eta1'], eta1):.1e},"
+          f" eta2 {off(post['eta2'], eta2):.1e}")
+    assert off(post["eta1"], eta1) < 1e-6 and off(post["eta2"], eta2) < 1e-6, \
         (off(post["eta1"], eta1), off(post["eta2"], eta2))
-    assert off(post["eta2"], eta2 - exp.prior.eta2) > 5e-3  # the miscounted prior is seen
+    assert off(post["eta1"], price1) > 1e-6 and off(post["eta2"], price2) > 1e-6  # power
+    assert off(post["eta2"], eta2 - exp.prior.eta2) > 1e-6  # the miscounted prior is seen
 
 
 # ------------------------------------------------------------------ (3) the paper's mixture

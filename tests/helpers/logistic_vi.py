@@ -13,6 +13,13 @@ At a stationary point of ``E_q[log p(y | theta)] - KL(q || r)`` over Gaussians (
 
     Lambda_q = Lambda_r + E_q[-Hessian]   (its diagonal, for a mean-field q),
     Lambda_r (m - m_r) = grad_m.
+
+The library maximises a different objective when it integrates with a fixed rule: its
+``order``-point sum ``sum_j w_j log sigmoid(s (mu + sd z_j))`` differentiated exactly (automatic
+differentiation), whose stationary point is not the one above evaluated with the same rule (the
+identities ``dE/dmu = E[f']``, ``dE/dv = E[f''] / 2`` hold for the integral, not for the sum).
+:func:`quadrature_optimum` solves that discrete problem: it matches the library's local optimum
+to the library's solver tolerance, where :func:`optimum` at 64 points differs by ~1e-3.
 """
 
 from __future__ import annotations
@@ -114,3 +121,45 @@ def optimum(reference, x, y, iterations=200, damping=0.5, order=80):
         m = m + damping * np.linalg.solve(lam, z.T @ resid - lam_r @ (m - mr))
     eta2 = -0.5 * (np.diag(lam) if diag else lam)
     return SimpleNamespace(eta1=lam @ m, eta2=eta2)
+
+
+def quadrature_gradient(m, cov, x, y, order=64):
+    """``(dQ/dm, dQ/dS)`` of the ``order``-point Gauss-Hermite sum
+    ``Q(m, S) = sum_i sum_j w_j log sigmoid(s_i (mu_i + sd_i z_j))``, ``mu_i = x_i . m``,
+    ``sd_i^2 = x_i^T S x_i`` (the design adds the intercept's 1), differentiated exactly:
+
+        dQ/dm = sum_i x_i g_i,          g_i = sum_j w_j s_i sigmoid(-s_i a_ij),
+        dQ/dS = sum_i x_i x_i^T h_i,    h_i = sum_j w_j s_i sigmoid(-s_i a_ij) z_j / (2 sd_i)."""
+    z = design(x)
+    nodes, weights = hermegauss(order)
+    weights = weights / np.sqrt(2 * np.pi)
+    sign = 2.0 * np.asarray(y, dtype=np.float64) - 1.0
+    mu, sd = z @ m, np.sqrt(np.einsum("ij,jk,ik->i", z, cov, z))
+    a = mu[:, None] + sd[:, None] * nodes[None, :]
+    d1 = sign[:, None] * _sigmoid(-sign[:, None] * a)  # d log sigmoid(s a) / da
+    g, h = d1 @ weights, (d1 * nodes[None, :]) @ weights / (2 * sd)
+    return z.T @ g, (z * h[:, None]).T @ z
+
+
+def quadrature_optimum(reference, x, y, order=64, iterations=200, damping=0.5):
+    """The maximiser over full-covariance Gaussians of ``Q(q) - KL(q || reference)``, ``Q`` the
+    ``order``-point Gauss-Hermite sum itself (:func:`quadrature_gradient`), by damped
+    fixed-point iterations on its exact stationarity conditions
+    ``Lambda_q = Lambda_r - 2 dQ/dS`` and ``Lambda_r (m - m_r) = dQ/dm``.
+
+    Returns ``(q, residual)``: ``q`` with ``eta1, eta2`` (full), ``residual`` the larger of the
+    last undamped mean step (relative to ``m``'s max-norm) and precision change (relative to
+    ``Lambda``'s max-norm)."""
+    from types import SimpleNamespace
+
+    mr, _, lam_r = moments(reference)
+    m, lam = mr.copy(), lam_r.copy()
+    for _ in range(iterations):
+        grad_m, grad_s = quadrature_gradient(m, np.linalg.inv(lam), x, y, order)
+        lam_new = lam_r - 2 * grad_s
+        step = np.linalg.solve(lam, grad_m - lam_r @ (m - mr))
+        residual = max(np.abs(step).max() / max(np.abs(m).max(), 1e-300),
+                       np.abs(lam_new - lam).max() / np.abs(lam).max())
+        lam = (1 - damping) * lam + damping * lam_new
+        m = m + damping * step
+    return SimpleNamespace(eta1=lam @ m, eta2=-0.5 * lam), float(residual)

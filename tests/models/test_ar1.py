@@ -222,7 +222,8 @@ def test_bundle_in_process_with_the_flat_prior(tmp_path, data):
     """The paper's set-up through the generic engine: flat prior, 4 workers (10 trajectories
     each), Zig-Zag to process time 5; it completes, saves the chains, scores the one-step
     predictive on the test trajectories: the RMSE is exactly the one-step predictor's at the
-    chains' mean (not at a mean 0.5 posterior sd away)."""
+    chains' mean (not at a mean 0.5 posterior sd away) and the NLL exactly the Gaussian one of
+    the chains' predictive moments with the Student-t noise variance (not with unit noise)."""
     result = run_in_process(parse_run_config({
         "algorithm": "pdmc", "model": "ar1-student-t", "dataset": "synthetic",
         "synthetic-size": 50, "synthetic-dim": K_STEPS, "num-clients": 4, "partition": "iid",
@@ -239,7 +240,21 @@ def test_bundle_in_process_with_the_flat_prior(tmp_path, data):
     est = chains.reshape(-1, 2).mean(0)
     resid = data.x_test[:, 1:] - (est[0] + est[1] * data.x_test[:, :-1])
     np.testing.assert_allclose(last["test_rmse"], np.sqrt(np.mean(resid**2)), rtol=1e-9)
-    assert np.isfinite(last["test_nll"])
+    # test_nll (was: finite only): the Gaussian NLL with the predictive's moments, summed over
+    # the K steps of a trajectory and averaged over the 10; the moments are the chains' (all
+    # 16 x T draws, ddof 0) of c + x y_{i-1}, plus the Student-t noise variance nu / (nu - 2).
+    # Same arithmetic in another order: rtol 1e-9 (rounding only). Power: leaving out the
+    # noise variance's nu / (nu - 2) factor (unit noise variance) gives another NLL.
+    draws = chains.reshape(-1, 2)
+    prev, nxt = data.x_test[:, :-1], data.x_test[:, 1:]
+    f = draws[:, 0, None, None] + draws[:, 1, None, None] * prev[None]  # (S, n, K)
+
+    def nll(noise_var):
+        return np.mean(np.sum(-stats.norm.logpdf(nxt, f.mean(0), np.sqrt(f.var(0) + noise_var)),
+                              axis=1))
+
+    np.testing.assert_allclose(last["test_nll"], nll(NU / (NU - 2.0)), rtol=1e-9)
+    assert abs(nll(1.0) - last["test_nll"]) > 1e-6 * abs(last["test_nll"])
     # power: the predictor at a mean 0.5 posterior sd away gives another RMSE (well beyond 1e-9)
     mean, var = _grid_posterior(StudentTAR1(data.x_train, NU))
     off = est + 0.5 * np.sqrt(var)
