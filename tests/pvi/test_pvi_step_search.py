@@ -266,3 +266,15 @@ def test_nonmonotone_fallback_never_takes_a_step_above_the_last():
     assert srv.nonmonotone_index(state, config, np.ones(4), steps) == 1
     # a last step below every candidate: none qualifies
     assert srv.nonmonotone_index(state._replace(last_step=0.1), config, np.ones(4), steps) is None
+
+
+def test_check_delta_refuses_a_shorter_or_longer_delta_naming_the_field():
+    # a 2-parameter posterior; deltas with 1 and 3 coordinates are refused on eta1 with both
+    # shapes named (mutant `!=` -> `>`: (1,) > (2,) is False, the short delta slips through)
+    post = NaturalGaussian(np.zeros(2), np.full(2, -0.5))
+    for n in (1, 3):
+        bad = NaturalGaussian(np.zeros(n), np.zeros(2))
+        assert srv.check_delta(post, bad) == ("delta.eta1", f"shape ({n},), expected (2,)")
+    short_eta2 = NaturalGaussian(np.zeros(2), np.zeros(1))
+    assert srv.check_delta(post, short_eta2) == ("delta.eta2", "shape (1,), expected (2,)")
+    assert srv.check_delta(post, NaturalGaussian(np.zeros(2), np.zeros(2))) is None
