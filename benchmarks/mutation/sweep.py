@@ -58,6 +58,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
                       "tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_sweep.py",
                       "tests/pvi/test_pvi_exact.py", "tests/pvi/test_pvi_auto.py",
                       "tests/pvi/test_pvi_step_search.py"],
+                  # the tempered wrapper's scaling is tested in test_pvi_auto (one fast test)
+                  "algorithms/pvi/tempered.py": [
+                      "tests/pvi/test_pvi_auto.py::"
+                      "test_tempered_model_scales_every_likelihood_and_nothing_else",
+                      "tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_sweep.py",
+                      "tests/pvi/test_pvi_exact.py", "tests/pvi/test_local_solver.py"],
                   "algorithms/pvi/step.py": [
                       "tests/pvi/test_pvi_mutants.py", "tests/pvi/test_pvi_auto.py",
                       "tests/pvi/test_pvi_step_search.py"]},
