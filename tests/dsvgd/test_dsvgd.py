@@ -321,7 +321,8 @@ def test_u_dsvgd_gaussian_mean_ten_non_iid_clients_three_passes_mean():
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "known gap, issue 26 (DSVGD made sound): U-DSVGD (paper's settings at d = 2) is narrower than N exact draws: median std "
+    "known gap, issue 26 (DSVGD made sound): U-DSVGD (paper's settings at d = 2) is narrower "
+    "than N exact draws: median std "
     "ratio 0.819 (per coordinate 0.77-0.97) below the 0.853 that N = 50 exact draws stay above "
     "with probability >= 1 - 5e-4; centralised SVGD on the same data: 0.951. The d >= 3 settings "
     "(Mahalanobis kernel, median bandwidth, scaled step) are worse here: 0.593"))
