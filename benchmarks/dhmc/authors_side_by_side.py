@@ -63,8 +63,10 @@ into ``--scratch``, and writes the shim and the driver there):
    momentum, drawn through ``torch.distributions.Normal(...).sample()`` as hamiltorch does),
    ``samplers.collect_gradients(log_prob, params)`` (``params.grad =
    torch.autograd.grad(log_prob, params)[0]``), ``util.has_nan_or_inf``,
-   ``util.flatten`` / ``util.unflatten`` / ``util.make_functional`` (a module called with given
-   parameters, here ``torch.func.functional_call``), ``set_random_seed`` and ``__version__``.
+   ``util.flatten`` / ``util.unflatten`` / ``util.make_functional`` (the model's own forward
+   called on a stand-in holding the given tensors as its parameters, as hamiltorch does; unlike
+   hamiltorch's, a parameter that is None, ``bias=False``, stays None), ``set_random_seed`` and
+   ``__version__``.
    Their ``scripts/util.py`` and ``scripts/inference.py`` define ``leapfrog`` (their first-order
    Euler step with a passed gradient), ``params_grad`` and ``scheduler`` themselves; those are
    used as they are. Not shimmed (not on this path): ``sample_model``, ``predict_model``.
@@ -216,14 +218,44 @@ def unflatten(model, flattened_params):
     return out
 
 
+INTERNAL = {"_backend", "_parameters", "_buffers", "_backward_hooks", "_forward_hooks",
+            "_forward_pre_hooks", "_modules"}
+
+
 def make_functional(model):
-    """fmodel(*args, params=[tensors in model.parameters() order]) runs the model with them."""
-    names = [name for name, _ in model.named_parameters()]
+    """fmodel(*args, params=[tensors in model.parameters() order]) runs the model's forward with
+    them: as hamiltorch does, each (sub)module's own forward is called on a stand-in object that
+    holds the given tensors as its parameters (a parameter that is None, e.g. bias=False, stays
+    None and takes no tensor)."""
+    box = [None]
+
+    def build(module, offset):
+        scope = type("Scope", (), {})()
+        for name, attr in module.__dict__.items():
+            if name not in INTERNAL:
+                setattr(scope, name, attr)
+        names = [n for n, p in module._parameters.items() if p is not None]
+        for name, p in module._parameters.items():
+            if p is None:
+                setattr(scope, name, None)
+        following = offset + len(names)
+        for name, child in module.named_children():
+            following, fchild = build(child, following)
+            setattr(scope, name, fchild)
+        forward = type(module).forward
+
+        def fmodule(*args, **kwargs):
+            for name, p in zip(names, box[0][offset:offset + len(names)]):
+                setattr(scope, name, p)
+            return forward(scope, *args, **kwargs)
+
+        return following, fmodule
+
+    _, inner = build(model, 0)
 
     def fmodel(*args, params=None, **kwargs):
-        if params is None:
-            return model(*args, **kwargs)
-        return torch.func.functional_call(model, dict(zip(names, params)), args, kwargs)
+        box[0] = list(model.parameters()) if params is None else params
+        return inner(*args, **kwargs)
 
     return fmodel
 ''',
