@@ -192,6 +192,14 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
     ("algorithms/pvi/server.py", 262, "core/NumberReplacer",
      "accepted = tuple(range(state.received.shape[ -1]))"):
         "received is the 1-D (num_clients,) flag array (init_server), so shape[-1] is shape[0]",
+    ("algorithms/dhmc/agents.py", 210, "core/ReplaceUnaryOperator_USub_UAdd",
+     "r = c - np.sum(state.g_last * displacement, axis=+1)"):
+        "an agent's arrays are (K chains, d) (init_agent documents w0 (K, d); the engine and "
+        "the library loop stack chains), so axis 1 is the last axis",
+    ("algorithms/dhmc/agents.py", 211, "core/ReplaceUnaryOperator_Delete_USub",
+     "return r, num_agents * np.sum(state.y * displacement, axis=1)"):
+        "an agent's arrays are (K chains, d) (init_agent documents w0 (K, d); the engine and "
+        "the library loop stack chains), so axis 1 is the last axis",
 }
 
 #: ``EQUIVALENT`` keyed by (module, operator, mutated line), the line number left out

@@ -176,3 +176,38 @@ def test_one_mixing_round_matches_the_exact_posterior(tmp_path, algorithm):
     assert _matches(chains, mean, sd), ((flat.mean(0) - mean) / sd, flat.std(0) / sd, row)
     assert not _matches(chains, mean + 0.6 * sd, sd)
     assert not _matches(chains, mean, 1.5 * sd)
+
+
+class _Quadratic:
+    """``U(w) = |w|^2 / 2`` per chain: gradient ``w``, exact second-order term ``|D|^2 / 2``
+    (``hess_quad`` is ``D^T H D`` with ``H = I``)."""
+
+    def value(self, w):
+        return 0.5 * np.sum(w * w, axis=-1)
+
+    def grad(self, w):
+        return np.array(w, dtype=np.float64)
+
+    def hess_quad(self, w, d):
+        return np.sum(d * d, axis=-1)
+
+
+def test_begin_takes_one_step_size_per_chain():
+    # K = 3 chains with their own steps (0.1, 0.2, 0.4), d = 2, one agent, unit mass:
+    # leapfrog's first half, written out: p_half = p - eps/2 grad U(w0) = p - eps/2 w0,
+    # z = w0 + eps p_half (each chain's eps on its row); Taylor energy change
+    # c = grad U(w0) . D + D^T H D / 2 with D = z - w0. (Mutant: the per-chain vector left
+    # unshaped, (3,) against (3, 2), which cannot broadcast.)
+    w0 = np.array([[1.0, -1.0], [0.5, 2.0], [-1.5, 0.0]])
+    p = np.array([[0.3, 0.1], [-0.2, 0.4], [1.0, -1.0]])
+    eps = np.array([0.1, 0.2, 0.4])
+    pot = _Quadratic()
+    state, z, _ = H.begin(H.init_agent(pot, w0), pot, p, eps, 1, "leapfrog", "taylor")
+    p_half = p - 0.5 * eps[:, None] * w0
+    np.testing.assert_allclose(state.p_half, p_half, rtol=1e-15)
+    np.testing.assert_allclose(z, w0 + eps[:, None] * p_half, rtol=1e-15)
+    disp = z - w0
+    # c = r + lin, r = c - g_last . D (the remainder) and lin = m y . D (one agent: y = g_last)
+    np.testing.assert_allclose(state.c + state.lin,
+                               np.sum(w0 * disp, axis=1) + 0.5 * np.sum(disp**2, axis=1),
+                               rtol=1e-12)
