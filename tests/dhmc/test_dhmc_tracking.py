@@ -211,3 +211,47 @@ def test_begin_takes_one_step_size_per_chain():
     np.testing.assert_allclose(state.c + state.lin,
                                np.sum(w0 * disp, axis=1) + 0.5 * np.sum(disp**2, axis=1),
                                rtol=1e-12)
+
+
+def test_advance_is_the_full_leapfrog_step_written_out():
+    # An inner leapfrog step (Neal 2011, eq. 5.18-5.20, with the tracked network gradient
+    # m y' standing in for grad U): p_half' = p_half - eps m y', z = z' + eps p_half' (unit
+    # mass); at the last step the energy change c = U(z) - U(w) splits into r + lin with
+    # lin = m y . D, D = z - w. m = 2 agents, eps = 0.3 (mutant eps // m = 0 leaves p_half).
+    w0 = np.array([[1.0, -1.0], [0.5, 2.0]])
+    pot = _Quadratic()
+    state = H.init_agent(pot, w0)._replace(p_half=np.array([[0.2, -0.1], [0.0, 0.5]]))
+    z_mixed = np.array([[1.1, -0.9], [0.4, 2.2]])
+    y_mixed = np.array([[0.5, 0.25], [-1.0, 0.0]])
+    eps, m = 0.3, 2
+    new, z = H.advance(state, pot, z_mixed, y_mixed, eps, m, last=True)
+    p_half = state.p_half - eps * m * y_mixed
+    np.testing.assert_allclose(new.p_half, p_half, rtol=1e-15)
+    np.testing.assert_allclose(z, z_mixed + eps * p_half, rtol=1e-15)
+    disp = z - w0
+    np.testing.assert_allclose(new.lin, m * np.sum(state.y * disp, axis=1), rtol=1e-12)
+    np.testing.assert_allclose(new.c + np.sum(state.g_last * disp, axis=1),
+                               0.5 * np.sum(z**2, axis=1) - 0.5 * np.sum(w0**2, axis=1),
+                               rtol=1e-12)
+
+
+def test_dual_averaging_step_is_hoffman_and_gelmans_update():
+    # Hoffman & Gelman (2014), Algorithm 5 / eq. (6), written out (mu = log eps0, not
+    # log 10 eps0: dual_averaging_init's documented choice), gamma 0.05, t0 10, kappa 0.75,
+    # growth capped at 1.5x per iteration. Two steps from eps0 = 0.1: acceptance 0.9 (the
+    # step may grow: capped) then 0.2 (it shrinks: uncapped).
+    eps0, target, gamma, t0, kappa = 0.1, 0.6, 0.05, 10.0, 0.75
+    mu = np.log(eps0)
+    log_eps, log_bar, h = mu, mu, 0.0
+    state = H.dual_averaging_init(eps0)
+    for t, accept in ((1, 0.9), (2, 0.2)):
+        h = (1 - 1 / (t + t0)) * h + (target - accept) / (t + t0)
+        log_eps = min(mu - np.sqrt(t) / gamma * h, log_eps + np.log(1.5))
+        log_bar = t ** -kappa * log_eps + (1 - t ** -kappa) * log_bar
+        state = H.dual_averaging_step(state, accept)
+        assert state.count == t
+        np.testing.assert_allclose([state.log_eps, state.log_eps_bar, state.h_bar],
+                                   [log_eps, log_bar, h], rtol=1e-13)
+    # the first step was capped (log eps0 + log 1.5), the second was not
+    assert np.isclose(H.dual_averaging_step(H.dual_averaging_init(eps0), 0.9).log_eps,
+                      mu + np.log(1.5), rtol=1e-13)
