@@ -70,7 +70,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
     "dsvgd": {
         "modules": ["algorithms/dsvgd/svgd.py"],
-        "tests": {"*": ["tests/dsvgd/test_svgd.py", "tests/dsvgd/test_dsvgd_mutants.py"]},
+        "tests": {"*": ["tests/dsvgd/test_svgd.py", "tests/dsvgd/test_dsvgd_mutants.py",
+                        "tests/dsvgd/test_svgd_defaults.py"]},
     },
     "pdmc": {
         "modules": ["algorithms/pdmc/sampler.py", "algorithms/pdmc/privacy.py",
