@@ -359,3 +359,16 @@ def test_guarded_svgd_check_rejects_and_retries():
     assert rep.rollbacks == 1 and rep.reasons == ("out of bounds",)
     assert rep.step_factor == pytest.approx(0.1, rel=1e-15)
     assert_close(x, START * 0.1)
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_whitening_gives_a_coordinate_without_spread_the_mean_variance(full):
+    # 7 rows, coordinate 1 constant: the sample covariance has a zero row and column there;
+    # the documented metric gives it the mean variance scale = (var_0 + 0) / 2 (so its steps
+    # are of the other coordinate's size), then the 1e-8 ridge on both. Before this was fixed
+    # the check ran after the ridge and never fired (the coordinate got 1e-8 scale: frozen).
+    x = np.column_stack([np.array([0.0, 1.0, -1.0, 2.0, 0.5, -0.5, 3.0]), np.full(7, 4.0)])
+    var0 = sample_cov(x)[0, 0]
+    scale = var0 / 2
+    want = np.diag([var0, scale]) + 1e-8 * scale * np.eye(2)
+    check_metric(sv.whitening([x], full=full), x.mean(axis=0), want)

@@ -323,7 +323,7 @@ class Whitening(NamedTuple):
 def whitening(sets, full: bool = True) -> Whitening:
     """The metric of a list of ``(N_j, d)`` particle sets: their mean and the average of their
     covariances (full when every set has more than ``2 d`` particles and ``full``, else diagonal,
-    plus a ``1e-8`` relative ridge).
+    plus a ``1e-8`` relative ridge; a coordinate without spread gets the mean variance).
 
     With fewer than ``2 d`` particles a sample covariance is too noisy to whiten with (singular
     below ``d + 1``); the diagonal metric still follows each coordinate's scale.
@@ -340,9 +340,11 @@ def whitening(sets, full: bool = True) -> Whitening:
         return Whitening(mean, np.eye(d))
     if not use_full:
         cov = np.diag(np.diag(cov))
-    cov = cov + 1e-8 * scale * np.eye(d)
+    # a coordinate without spread (every particle equal in it) gets the mean variance, so its
+    # steps are of the others' size, not frozen by the ridge alone (checked before the ridge)
     diag = np.diag(cov)
-    cov = cov + np.diag(np.where(diag > 1e-12 * scale, 0.0, scale))  # a coordinate without spread
+    cov = cov + np.diag(np.where(diag > 1e-12 * scale, 0.0, scale))
+    cov = cov + 1e-8 * scale * np.eye(d)
     return Whitening(mean, np.linalg.cholesky(cov))
 
 
@@ -359,7 +361,8 @@ def diverged(start, end) -> str | None:
     """Why a loop's particles ``end`` (from ``start``, the same coordinates) diverged, or None.
 
     Non-finite particles; a spread (mean per-coordinate sd) more than :data:`GUARD_SPREAD` times
-    the start's; a particle more than :data:`GUARD_RADIUS` start spreads from the start's mean.
+    the start's; a particle with a coordinate more than :data:`GUARD_RADIUS` start spreads from
+    the start's mean (the largest coordinate-wise distance, not the Euclidean one).
     A sound SVGD loop towards a posterior narrower than its start (every DSVGD target: the
     particles start at the previous approximation and the target multiplies a likelihood in)
     contracts; one that spreads ten-fold is stepping past its target.
@@ -457,7 +460,7 @@ def guarded_svgd(run: Callable[[float], np.ndarray], start, retries: int = 3,
     step until the update is acceptable); the PVI bundle's divergence guard.
     """
     start = as_particles(start)
-    factor, reasons = 1.0, []
+    factor, reasons = 1.0, list[str]()
     for attempt in range(retries + 1):
         x = run(factor)
         why = diverged(start, x)
