@@ -201,11 +201,11 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
      "return r, num_agents * np.sum(state.y * displacement, axis=1)"):
         "an agent's arrays are (K chains, d) (init_agent documents w0 (K, d); the engine and "
         "the library loop stack chains), so axis 1 is the last axis",
-    ("algorithms/dsvgd/svgd.py", 371, "core/ReplaceComparisonOperator_Gt_NotEq",
+    ("algorithms/dsvgd/svgd.py", 372, "core/ReplaceComparisonOperator_Gt_NotEq",
      "s0 = float(np.mean(np.std(start, axis=0, ddof=1))) if start.shape[0] != 1 else 1.0"):
         "differs from > 1 only for N = 0 particles, which as_particles refuses before the only "
         "caller (guarded_svgd) gets here; even then std is NaN and the next line maps s0 to 1.0",
-    ("algorithms/dsvgd/svgd.py", 432, "core/NumberReplacer",
+    ("algorithms/dsvgd/svgd.py", 433, "core/NumberReplacer",
      "spread = float(np.mean(np.std(x, axis=0, ddof=1))) if x.shape[0] > 1 else 0.0"):
         "the branch is taken for one particle only, and the next line maps a spread of 0 to 1.0, "
         "the original's value",
