@@ -299,3 +299,34 @@ def test_bad_noise_is_refused(problem):
     pots, _, _ = problem
     with pytest.raises(ValueError, match="noise"):
         decentralized_ula(pots, np.eye(M), np.zeros((2, D)), 0.01, 2, noise="gaussian")
+
+
+def test_ula_step_schedule_defaults_are_the_reference_codes():
+    # h_t = step (230 / (230 + t))^0.55 (the documented defaults: decay 0.55, offset 230),
+    # written out; the default call must equal it (mutants: either default changed)
+    t = np.arange(50.0)
+    np.testing.assert_allclose(ula_steps(0.02, 50), 0.02 * (230.0 / (230.0 + t)) ** 0.55,
+                               rtol=1e-14)
+
+
+def test_a_mixing_matrix_of_the_wrong_size_is_refused(problem):
+    # M agents need an M x M mixing matrix: smaller (mutant `!=` -> `>` lets it through) and
+    # larger ones are refused, naming the shape
+    pots, _, _ = problem
+    for size in (M - 1, M + 1):
+        with pytest.raises(ValueError, match=rf"mixing is \({size}, {size}\) for {M} agents"):
+            decentralized_ula(pots, np.eye(size), np.zeros((2, D)), 0.01, 2)
+
+
+def test_centralized_hmc_defaults_are_no_warmup_and_seed_zero(problem):
+    # documented defaults: warmup 0 (every iteration kept) and seed 0; the default call is the
+    # explicit one bit for bit, and seed 1 differs (the check can fail)
+    pots, _, _ = problem
+    pooled = PooledPotential(pots)
+    w0 = np.zeros((2, D))
+    plain = centralized_hmc(pooled, w0, 0.05, 6, adapt=False)
+    explicit = centralized_hmc(pooled, w0, 0.05, 6, warmup=0, seed=0, adapt=False)
+    assert plain.samples.shape[1] == 6
+    np.testing.assert_array_equal(plain.samples, explicit.samples)
+    other = centralized_hmc(pooled, w0, 0.05, 6, warmup=0, seed=1, adapt=False)
+    assert not np.array_equal(plain.samples, other.samples)
