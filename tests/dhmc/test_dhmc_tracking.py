@@ -255,3 +255,78 @@ def test_dual_averaging_step_is_hoffman_and_gelmans_update():
     # the first step was capped (log eps0 + log 1.5), the second was not
     assert np.isclose(H.dual_averaging_step(H.dual_averaging_init(eps0), 0.9).log_eps,
                       mu + np.log(1.5), rtol=1e-13)
+
+
+def test_simulate_refuses_several_leapfrog_steps_without_the_exact_energy():
+    # L > 1 needs the leapfrog integrator and the exact energy (simulate's docstring); L = 2
+    # is the smallest such case (mutant `> 1` -> `> 2` lets it through; `!= "exact"` ->
+    # `<= "exact"` lets "taylor" through, since "taylor" > "exact")
+    from fedbayes_flwr.algorithms.dhmc.loop import simulate
+
+    pots, mean, _ = _sorted_split()
+    mixing = mixmat.metropolis_weights(gossip.ring(5))
+    w0 = np.broadcast_to(mean, (2, 3)).copy()
+    for integrator, energy in (("leapfrog", "taylor"), ("euler", "exact")):
+        with pytest.raises(ValueError, match="2 leapfrog steps need integrator 'leapfrog'"):
+            simulate(pots, mixing, w0, 0.05, 1, integrator=integrator, energy=energy,
+                     leapfrog_steps=2)
+
+
+class _Counting:
+    """Counts the batch gradient and energy calls made on a potential."""
+
+    def __init__(self, pot):
+        self.pot, self.grads, self.values = pot, 0, 0
+        self.dim = pot.dim
+
+    def grad(self, w):
+        self.grads += 1
+        return self.pot.grad(w)
+
+    def value(self, w):
+        self.values += 1
+        return self.pot.value(w)
+
+    def hess_quad(self, w, d):
+        return self.pot.hess_quad(w, d)
+
+
+@pytest.mark.parametrize("energy,steps", [("taylor", 1), ("exact", 1), ("exact", 3)])
+def test_simulate_counts_every_gradient_it_evaluates(energy, steps):
+    # grad_evals per agent: the batch gradients each agent computes (the start, then one per
+    # trajectory position: L per iteration), counted here by a wrapper, plus one energy
+    # evaluation per iteration with the exact energy (U at the proposal; U at the current
+    # position is the one of the previous iteration's proposal or start). Mutant: the start's
+    # gradient not counted (`evals = 1` -> `0`).
+    from fedbayes_flwr.algorithms.dhmc.loop import simulate
+
+    pots, mean, _ = _sorted_split()
+    counted = [_Counting(p) for p in pots]
+    mixing = mixmat.metropolis_weights(gossip.ring(5))
+    w0 = np.broadcast_to(mean, (2, 3)).copy()
+    iterations = 4
+    run = simulate(counted, mixing, w0, 0.02, iterations, adapt=False, energy=energy,
+                   leapfrog_steps=steps)
+    assert counted[0].grads == 1 + steps * iterations
+    assert run.grad_evals == counted[0].grads + (iterations if energy == "exact" else 0)
+
+
+def test_agreed_decisions_move_every_agent_or_none():
+    # decision 'agreed': a chain moves at an agent only if every agent accepted, so in every
+    # kept iteration and chain either all 5 agents' positions changed or none did; 'local'
+    # (each agent its own decision) breaks this when agents disagree (the reported
+    # disagreement > 0). The mutant `decision == "local"` -> `is not "local"` swaps the two.
+    from fedbayes_flwr.algorithms.dhmc.loop import simulate
+
+    pots, mean, sd = _sorted_split()
+    mixing = mixmat.metropolis_weights(gossip.ring(5))
+    w0 = mean + sd * np.random.default_rng(3).standard_normal((4, 3))
+
+    def all_or_none(run):
+        moved = np.any(np.diff(run.samples, axis=2) != 0, axis=-1)  # (m, K, T - 1)
+        return bool(np.all(moved.all(axis=0) | ~moved.any(axis=0)))
+
+    local = simulate(pots, mixing, w0, 0.08, 60, adapt=False, decision="local")
+    agreed = simulate(pots, mixing, w0, 0.08, 60, adapt=False, decision="agreed")
+    assert local.disagreement > 0  # the agents do disagree here
+    assert all_or_none(agreed) and not all_or_none(local)
