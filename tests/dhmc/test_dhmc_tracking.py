@@ -326,7 +326,11 @@ def test_agreed_decisions_move_every_agent_or_none():
         moved = np.any(np.diff(run.samples, axis=2) != 0, axis=-1)  # (m, K, T - 1)
         return bool(np.all(moved.all(axis=0) | ~moved.any(axis=0)))
 
-    local = simulate(pots, mixing, w0, 0.08, 60, adapt=False, decision="local")
-    agreed = simulate(pots, mixing, w0, 0.08, 60, adapt=False, decision="agreed")
+    import warnings
+
+    with warnings.catch_warnings():  # a normal run raises no numpy warning
+        warnings.simplefilter("error", RuntimeWarning)
+        local = simulate(pots, mixing, w0, 0.08, 60, adapt=False, decision="local")
+        agreed = simulate(pots, mixing, w0, 0.08, 60, adapt=False, decision="agreed")
     assert local.disagreement > 0  # the agents do disagree here
     assert all_or_none(agreed) and not all_or_none(local)
