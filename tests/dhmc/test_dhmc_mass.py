@@ -274,3 +274,12 @@ def test_default_mass_matrix_doubles_ess_per_gradient_on_correlated_skewed_logis
                          result["history"][-1]["grad_evals"])
     (ess_none, grads_none), (ess_auto, grads_auto) = rows["none"], rows["auto"]
     assert ess_auto / grads_auto >= 2.0 * ess_none / grads_none, rows
+
+
+def test_auto_mass_is_dense_up_to_200_dimensions_and_diagonal_above():
+    # resolve's documented rule: 'auto' is 'diagonal' when d > 200 (d^2 statistics per
+    # message), else dense when the last slow window has >= 10 d draws (here 1,000 chains
+    # over a 1,000-iteration warm-up: far more than 10 x 201). Boundary: 200 dense, 201
+    # diagonal (mutant: the threshold moved to 201).
+    assert MM.resolve("auto", 200, 1000, 1000) == "dense"
+    assert MM.resolve("auto", 201, 1000, 1000) == "diagonal"
