@@ -283,3 +283,16 @@ def test_auto_mass_is_dense_up_to_200_dimensions_and_diagonal_above():
     # diagonal (mutant: the threshold moved to 201).
     assert MM.resolve("auto", 200, 1000, 1000) == "dense"
     assert MM.resolve("auto", 201, 1000, 1000) == "diagonal"
+
+
+@pytest.mark.parametrize("kind,dim,chains", [("diagonal", 3, 7), ("diagonal", 3, 8),
+                                             ("dense", 2, 6), ("dense", 4, 3), ("none", 5, 4)])
+def test_block_width_fits_the_lead_and_every_statistic(kind, dim, chains):
+    # statistics [n, sum w (d), sum of squares (d) or products (d (d + 1) / 2)] plus the lead
+    # value: (1 + size) floats in rows of K chains, so ceil((1 + size) / K) columns, worked out
+    # here: diagonal d = 3 has size 7 -> 8 floats: 2 columns of 7 chains, 1 of 8; dense d = 2
+    # size 6 -> 7 floats: 2 columns of 6; dense d = 4 size 15 -> 16: 6 of 3; none: 0.
+    # (mutant: ceil(size / K), one column short when K divides size)
+    want = {("diagonal", 3, 7): 2, ("diagonal", 3, 8): 1, ("dense", 2, 6): 2,
+            ("dense", 4, 3): 6, ("none", 5, 4): 0}[(kind, dim, chains)]
+    assert MM.block_width(kind, dim, chains) == want
