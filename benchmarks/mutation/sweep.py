@@ -79,7 +79,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
         # driver.py's bound-free loop and metropolis.py are tested by test_pdmc_metropolis
         "tests": {"*": ["tests/pdmc/test_pdmc_mutants.py", "tests/pdmc/test_pdmc.py",
                         "tests/pdmc/test_pdmc_metropolis.py"],
-                  "algorithms/pdmc/privacy.py": ["tests/pdmc/test_pdmc_privacy.py"]},
+                  "algorithms/pdmc/privacy.py": ["tests/pdmc/test_pdmc_privacy.py"],
+                  # the same files, the Metropolis tests first (they kill its mutants)
+                  "algorithms/pdmc/metropolis.py": ["tests/pdmc/test_pdmc_metropolis.py",
+                                                    "tests/pdmc/test_pdmc_mutants.py",
+                                                    "tests/pdmc/test_pdmc.py"]},
     },
     "amps": {
         "modules": ["algorithms/amps/merge.py", "algorithms/amps/streaming.py"],
@@ -387,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", action="store_true",
                         help="time the unmutated tests and stop")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a stopped sweep from its partial JSON (same sample): every "
+                             "mutant already tested keeps its outcome, the rest are tested")
     parser.add_argument("--rerun", action="store_true",
                         help="re-test only the survivors (and timeouts) of the family's JSON, "
                              "with the same sample, and update it (after adding tests)")
@@ -409,13 +416,15 @@ def main(argv: list[str] | None = None) -> int:
                     key=lambda m: (m["module"], m["line"], m["operator"], m["occurrence"]))
     out = args.out or OUT / f"{args.family}.json"
     previous: dict[tuple[str, str, int], dict[str, Any]] = {}
-    if args.rerun:
+    # outcomes taken over from the JSON (equivalents are decided again from ``EQUIVALENT``)
+    reuse = ("killed", "survived", "timeout") if args.resume else ("killed",)
+    if args.rerun or args.resume:
         old = json.loads(out.read_text())
         if (old["seed"], old["sampled"], old["population"]) != (args.seed, n, len(pop)):
-            parser.error(f"--rerun: {out} was drawn with seed {old['seed']}, {old['sampled']} of "
+            parser.error(f"--rerun/--resume: {out} was drawn with seed {old['seed']}, {old['sampled']} of "
                          f"{old['population']} mutants; this is seed {args.seed}, {n} of {len(pop)}")
         previous = {(r["module"], r["operator"], r["occurrence"]): r for r in old["mutants"]
-                    if r["outcome"] in ("killed", "equivalent")}
+                    if r["outcome"] in reuse}
 
     t0 = time.perf_counter()
     _preimport()
@@ -460,8 +469,10 @@ def main(argv: list[str] | None = None) -> int:
             result = {
                 "family": args.family,
                 "command": "nice -n 15 python benchmarks/mutation/sweep.py " + " ".join(
-                    a for a in (argv if argv is not None else sys.argv[1:]) if a != "--rerun"),
+                    a for a in (argv if argv is not None else sys.argv[1:])
+                    if a not in ("--rerun", "--resume")),
                 "rerun_of_survivors": args.rerun,
+                "resumed": args.resume,
                 "tool": f"cosmic-ray {version('cosmic-ray')} (operators without arguments), "
                         "pre-forked pytest runner",
                 "seed": args.seed,
@@ -511,9 +522,9 @@ def main(argv: list[str] | None = None) -> int:
             # about the mutated text): the line in ``EQUIVALENT`` says where it was written
             key = (m["module"], m["operator"], rec["after"])
             old_rec = previous.get((m["module"], m["operator"], m["occurrence"]))
-            if old_rec is not None and old_rec["outcome"] == "killed" \
+            if old_rec is not None and old_rec["outcome"] in reuse \
                     and old_rec.get("after") == rec["after"]:
-                records.append(old_rec)  # --rerun: killed before, kept
+                records.append(old_rec)  # --rerun: killed before, kept (--resume: any outcome)
                 continue
             if m["annotation"]:
                 rec.update(outcome="equivalent", reason="in a type annotation, which `from "
