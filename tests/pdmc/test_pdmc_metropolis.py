@@ -364,3 +364,45 @@ def test_dropping_the_event_terms_is_caught(sampler, monkeypatch):
     monkeypatch.setattr(MH, "path_terms", no_events)
     bad = _sech_run(sampler, "none", 100_000, trajectories=4, grid=2.0)
     assert min(stats.kstest(bad.x[:, j], _sech_cdf).pvalue for j in range(2)) < level
+
+
+class _Quadratic:
+    """``U(x) = |x|^2 / 2`` per chain (gradient ``x``): its signed rate is linear along a line,
+    so the grid interpolation is exact."""
+
+    def grad(self, x):
+        return np.array(x, dtype=np.float64)
+
+
+@pytest.mark.parametrize("sampler", ["zigzag", "bps"])
+def test_interpolated_rate_is_exact_for_a_linear_gradient(sampler):
+    # The signed rate at the point itself: Zig-Zag v_i x_i per coordinate, BPS v . x. Linear
+    # interpolation between the cell's ends (clock 0.37 in the cell [0.25, 0.5) of step 0.25)
+    # reproduces a linear rate exactly; 2 gradient batches per call. (Mutant: the right end
+    # taken on the wrong side of the point.)
+    point = np.array([[1.0, -2.0], [0.5, 0.25]])
+    v = np.array([[1.0, -1.0], [-1.0, -1.0]])
+    rate, cost = MH._interp(_Quadratic(), sampler, point, v, np.array([0.37, 0.37]), 0.25)
+    want = v * point if sampler == "zigzag" else np.sum(v * point, axis=1)
+    np.testing.assert_allclose(rate, want, rtol=1e-12, atol=1e-12)
+    assert cost == 4
+
+
+def test_a_path_keeps_only_the_chains_that_moved():
+    # extend's contract: pieces for every chain with tau > 0 (a chain stopped at its
+    # trajectory's end has tau = 0 and adds no piece: mutant `>= 0` adds zero-length pieces,
+    # whose cells path_terms would then pay gradients for); events where `event` is set.
+    x = np.array([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]])
+    v = np.array([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0]])
+    tau = np.array([0.5, 0.0, 0.25])
+    event = np.array([True, False, False])
+    after = np.array([[-1.0, 1.0], [1.0, -1.0], [-1.0, 1.0]])
+    path = MH.extend(MH.empty_path(2), x, v, np.array([0.1, 1.0, 0.2]), tau, event, after,
+                     np.array([2, -1, -1]))
+    np.testing.assert_array_equal(path.piece_chain, [0, 2])
+    np.testing.assert_array_equal(path.piece_len, [0.5, 0.25])
+    np.testing.assert_array_equal(path.piece_clock, [0.1, 0.2])
+    np.testing.assert_array_equal(path.event_chain, [0])
+    np.testing.assert_array_equal(path.event_clock, [0.6])
+    np.testing.assert_array_equal(path.event_x, [[0.5, 0.5]])
+    np.testing.assert_array_equal(path.event_winner, [2])
