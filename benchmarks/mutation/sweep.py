@@ -213,6 +213,10 @@ EQUIVALENT: dict[tuple[str, int, str, str], str] = {
      "spread = float(np.mean(np.std(x, axis=0, ddof=1))) if x.shape[0] > 1 else 0.0"):
         "the branch is taken for one particle only, and the next line maps a spread of 0 to 1.0, "
         "the original's value",
+    ("algorithms/pdmc/metropolis.py", 206, "core/ReplaceComparisonOperator_Eq_GtE",
+     'w = (-sl / step)[:, None] if sampler >= "zigzag" else -sl / step'):
+        "the sampler is 'zigzag' or 'bps' (the bundle validates pdmc.sampler against SAMPLERS); "
+        "'bps' >= 'zigzag' is False and 'zigzag' >= 'zigzag' True: the same as ==",
 }
 
 #: ``EQUIVALENT`` keyed by (module, operator, mutated line), the line number left out

@@ -342,3 +342,24 @@ def test_a_rejected_metropolis_step_restarts_from_the_start_with_the_velocity_fl
     np.testing.assert_array_equal(run.x, x0)
     np.testing.assert_array_equal(run.v, -v0)
     assert run.acceptance == 0.0
+
+
+def test_shifted_zigzag_rate_bound_starts_at_the_positive_part_plus_the_shift(monkeypatch):
+    # With a refreshment shift rho the Zig-Zag rate is (v_i d_i U)^+ + rho, so the thinning
+    # bound's intercept at the current point is max(v_i d_i U(x), 0) + rho (the seed paper,
+    # Theorem 5.1): for U = |x|^2 / 2 at x = (-0.5, 2), v = (1, 1): v * grad = (-0.5, 2) ->
+    # (0 + rho, 2 + rho). (Mutant: max(., -1), an intercept below the true rate rho.)
+    seen = []
+    real = sampler.first_arrival
+
+    def spy(a, b, e):
+        seen.append(np.array(a, dtype=np.float64))
+        return real(a, b, e)
+
+    monkeypatch.setattr(sampler, "first_arrival", spy)
+    from fedbayes_flwr.inference import potentials as P
+
+    pot = P.gaussian_prior_potential(2, 1.0)
+    x, v = np.array([[-0.5, 2.0]]), np.array([[1.0, 1.0]])
+    sampler.propose(pot, "zigzag", x, v, np.array([10.0]), np.random.default_rng(0), rate_shift=0.3)
+    np.testing.assert_allclose(seen[0], [[0.3, 2.3]], rtol=1e-15)

@@ -307,3 +307,29 @@ def test_sampler_releases_the_analysed_distribution():
     mass = np.sum(0.5 * (np.exp(f[1:]) + np.exp(f[:-1])) * np.diff(t)[:, None], axis=0)
     freq = np.bincount(flipped, minlength=d) / n
     assert np.all(np.abs(freq - mass) < 5 * np.sqrt(mass * (1 - mass) / n) + 1e-4)
+
+
+# --- mutants of the sweep (seed 0) -------------------------------------------------------------
+
+def test_per_coordinate_sensitivities_beyond_small_int_caching():
+    # 300 per-coordinate sensitivities with dim = 300: (K_max, sum K_j, d) = (2e-4, 0.045, 300),
+    # no refusal (mutant `!=` -> `is not` compares int objects: distinct above 256)
+    k = np.full(300, 1.5e-4)
+    k[7] = 2e-4
+    kmax, ksum, d = PR._sensitivities(k, 300)
+    assert (kmax, d) == (2e-4, 300) and math.isclose(ksum, 299 * 1.5e-4 + 2e-4, rel_tol=1e-12)
+    with pytest.raises(ValueError, match="dim: 299 disagrees with the 300"):
+        PR._sensitivities(k, 299)
+
+
+def test_privacy_signatures_and_defaults():
+    # refresh_for_epsilon's dim / horizon / delta are keyword-only (mutant `*` -> `/`)
+    with pytest.raises(TypeError):
+        PR.refresh_for_epsilon(1.0, 0.1, 1)
+    # per-event delta 1 is allowed ([0, 1]): basic composition of 2 gives (0.2, min(1, 2)) = 1
+    g = PR.compose(0.1, 2, per_event_delta=1.0)
+    assert math.isclose(g.epsilon, 0.2) and g.delta == 1.0
+    # composed_epsilon's delta_slack defaults to 0: advanced composition then needs one
+    with pytest.raises(ValueError, match=r"needs 0 < delta' < 1, got 0\.0"):
+        PR.composed_epsilon(0.1, 3, method="advanced")
+
