@@ -363,3 +363,29 @@ def test_shifted_zigzag_rate_bound_starts_at_the_positive_part_plus_the_shift(mo
     x, v = np.array([[-0.5, 2.0]]), np.array([[1.0, 1.0]])
     sampler.propose(pot, "zigzag", x, v, np.array([10.0]), np.random.default_rng(0), rate_shift=0.3)
     np.testing.assert_allclose(seen[0], [[0.3, 2.3]], rtol=1e-15)
+
+
+def test_segment_moments_are_the_integrals_of_the_linear_path():
+    # int_0^tau (x0 + v s) ds and int_0^tau (x0 + v s)^2 ds per coordinate, by scipy quad
+    # (mutants of the closed form's t**2 / t**3 terms)
+    x0 = np.array([[0.5, -1.0], [2.0, 0.0]])
+    v = np.array([[1.0, -1.0], [-1.0, 1.0]])
+    tau = np.array([0.7, 2.3])
+    first, second = sampler.segment_moments(x0, v, tau)
+    for c in range(2):
+        for i in range(2):
+            f1 = integrate.quad(lambda s: x0[c, i] + v[c, i] * s, 0.0, tau[c])[0]
+            f2 = integrate.quad(lambda s: (x0[c, i] + v[c, i] * s) ** 2, 0.0, tau[c])[0]
+            assert np.isclose(first[c, i], f1, rtol=1e-12, atol=1e-14)
+            assert np.isclose(second[c, i], f2, rtol=1e-12, atol=1e-14)
+
+
+def test_combine_treats_a_time_beyond_the_horizon_as_no_event():
+    # combine's contract: no event within max_horizon -> tau = max_horizon and winner -1.
+    # Chain 0: the server proposes 2.5 and the worker inf (horizon 1.0): no event; chain 1:
+    # the worker's 0.4 wins. (Mutant `tau > max_horizon` -> `tau is max_horizon`.)
+    own = sampler.Proposal(np.array([2.5, 0.9]), np.array([[1.0], [1.0]]), 0)
+    worker = sampler.Proposal(np.array([np.inf, 0.4]), np.array([[-1.0], [-1.0]]), 0)
+    tau, _, winner = sampler.combine(own, [worker], 1.0)
+    np.testing.assert_array_equal(tau, [1.0, 0.4])
+    np.testing.assert_array_equal(winner, [-1, 1])
