@@ -374,8 +374,9 @@ def test_segment_moments_are_the_integrals_of_the_linear_path():
     first, second = sampler.segment_moments(x0, v, tau)
     for c in range(2):
         for i in range(2):
-            f1 = integrate.quad(lambda s: x0[c, i] + v[c, i] * s, 0.0, tau[c])[0]
-            f2 = integrate.quad(lambda s: (x0[c, i] + v[c, i] * s) ** 2, 0.0, tau[c])[0]
+            a, b = x0[c, i], v[c, i]
+            f1 = integrate.quad(lambda s, a=a, b=b: a + b * s, 0.0, tau[c])[0]
+            f2 = integrate.quad(lambda s, a=a, b=b: (a + b * s) ** 2, 0.0, tau[c])[0]
             assert np.isclose(first[c, i], f1, rtol=1e-12, atol=1e-14)
             assert np.isclose(second[c, i], f2, rtol=1e-12, atol=1e-14)
 
