@@ -178,20 +178,6 @@ def test_one_mixing_round_matches_the_exact_posterior(tmp_path, algorithm):
     assert not _matches(chains, mean, 1.5 * sd)
 
 
-class _Quadratic:
-    """``U(w) = |w|^2 / 2`` per chain: gradient ``w``, exact second-order term ``|D|^2 / 2``
-    (``hess_quad`` is ``D^T H D`` with ``H = I``)."""
-
-    def value(self, w):
-        return 0.5 * np.sum(w * w, axis=-1)
-
-    def grad(self, w):
-        return np.array(w, dtype=np.float64)
-
-    def hess_quad(self, w, d):
-        return np.sum(d * d, axis=-1)
-
-
 def test_begin_takes_one_step_size_per_chain():
     # K = 3 chains with their own steps (0.1, 0.2, 0.4), d = 2, one agent, unit mass:
     # leapfrog's first half, written out: p_half = p - eps/2 grad U(w0) = p - eps/2 w0,
@@ -201,7 +187,7 @@ def test_begin_takes_one_step_size_per_chain():
     w0 = np.array([[1.0, -1.0], [0.5, 2.0], [-1.5, 0.0]])
     p = np.array([[0.3, 0.1], [-0.2, 0.4], [1.0, -1.0]])
     eps = np.array([0.1, 0.2, 0.4])
-    pot = _Quadratic()
+    pot = P.gaussian_prior_potential(2, 1.0)  # U = |w|^2 / 2: gradient w, H = I
     state, z, _ = H.begin(H.init_agent(pot, w0), pot, p, eps, 1, "leapfrog", "taylor")
     p_half = p - 0.5 * eps[:, None] * w0
     np.testing.assert_allclose(state.p_half, p_half, rtol=1e-15)
@@ -219,7 +205,7 @@ def test_advance_is_the_full_leapfrog_step_written_out():
     # mass); at the last step the energy change c = U(z) - U(w) splits into r + lin with
     # lin = m y . D, D = z - w. m = 2 agents, eps = 0.3 (mutant eps // m = 0 leaves p_half).
     w0 = np.array([[1.0, -1.0], [0.5, 2.0]])
-    pot = _Quadratic()
+    pot = P.gaussian_prior_potential(2, 1.0)  # U = |w|^2 / 2
     state = H.init_agent(pot, w0)._replace(p_half=np.array([[0.2, -0.1], [0.0, 0.5]]))
     z_mixed = np.array([[1.1, -0.9], [0.4, 2.2]])
     y_mixed = np.array([[0.5, 0.25], [-1.0, 0.0]])

@@ -366,14 +366,6 @@ def test_dropping_the_event_terms_is_caught(sampler, monkeypatch):
     assert min(stats.kstest(bad.x[:, j], _sech_cdf).pvalue for j in range(2)) < level
 
 
-class _Quadratic:
-    """``U(x) = |x|^2 / 2`` per chain (gradient ``x``): its signed rate is linear along a line,
-    so the grid interpolation is exact."""
-
-    def grad(self, x):
-        return np.array(x, dtype=np.float64)
-
-
 @pytest.mark.parametrize("sampler", ["zigzag", "bps"])
 def test_interpolated_rate_is_exact_for_a_linear_gradient(sampler):
     # The signed rate at the point itself: Zig-Zag v_i x_i per coordinate, BPS v . x. Linear
@@ -382,7 +374,8 @@ def test_interpolated_rate_is_exact_for_a_linear_gradient(sampler):
     # taken on the wrong side of the point.)
     point = np.array([[1.0, -2.0], [0.5, 0.25]])
     v = np.array([[1.0, -1.0], [-1.0, -1.0]])
-    rate, cost = MH._interp(_Quadratic(), sampler, point, v, np.array([0.37, 0.37]), 0.25)
+    pot = P.gaussian_prior_potential(2, 1.0)  # U = |x|^2 / 2: gradient x, linear along a line
+    rate, cost = MH._interp(pot, sampler, point, v, np.array([0.37, 0.37]), 0.25)
     want = v * point if sampler == "zigzag" else np.sum(v * point, axis=1)
     np.testing.assert_allclose(rate, want, rtol=1e-12, atol=1e-12)
     assert cost == 4
