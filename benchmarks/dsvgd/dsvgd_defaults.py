@@ -7,6 +7,11 @@ Cases (``problems.py``): ``skewed`` (label-skewed logistic regression, correlate
 largest |mean error| in NUTS sd, the range of the std ratios to NUTS, the largest marginal W1 in
 NUTS sd, test accuracy and NLL, the last row's KSD and rollbacks, seconds.
 
+``--fed-sweep``: the federated variants over case x d x N x kernel x seeds (the sweep issue 26
+asks for where a variant misses the bar), one JSON row per run written as the sweep goes to
+``benchmarks/results/dsvgd/dsvgd_sweep.json`` (``--out``); rows already there are kept and
+not rerun.
+
 ``--sweep``: centralised SVGD's std ratio on ``N(0, I_d)`` over N x d x kernel bandwidth x seeds
 (pure numpy, the variance collapse of the default and the paper bandwidths).
 
@@ -35,7 +40,8 @@ from problems import CASES, make_case  # noqa: E402
 
 OUT = os.path.join(HERE, "..", "results", "dsvgd", "dsvgd_defaults.json")
 PASSES = {"dsvgd": 3, "u-dsvgd": 3}
-ROUNDS = {"p-dsvgd": 10, "svgd": 3}
+ROUNDS = {"p-dsvgd": 10, "svgd": 3, "sgld": 10, "pvi": 10}
+SWEEP_OUT = os.path.join(HERE, "..", "results", "dsvgd", "dsvgd_sweep.json")
 
 
 def _rounds(algorithm: str, clients: int) -> int:
@@ -43,16 +49,17 @@ def _rounds(algorithm: str, clients: int) -> int:
     return PASSES[base] * clients if base in PASSES else ROUNDS[base]
 
 
-def run_case(case: str, algorithm: str, seed: int, directory: str) -> dict:
+def run_case(case: str, algorithm: str, seed: int, directory: str, d: int | None = None,
+             overrides: dict | None = None) -> dict:
     from fedbayes_flwr.evaluation.reference import nuts_reference
     from fedbayes_flwr.evaluation.sample_quality import marginal_w1
     from fedbayes_flwr.runtime.config import parse_run_config
     from fedbayes_flwr.runtime.engine import run_in_process_with_posterior
     from fedbayes_flwr.runtime.experiment import build_experiment
 
-    path = make_case(case, directory)
+    path = make_case(case, directory, d=d)
     clients = CASES[case]["clients"]
-    config = parse_run_config({
+    config = parse_run_config({**(overrides or {}),
         "model": "logistic-regression", "data": path, "partition": "natural",
         "num-clients": clients, "algorithm": algorithm, "seed": seed,
         "num-rounds": _rounds(algorithm, clients),
@@ -69,6 +76,7 @@ def run_case(case: str, algorithm: str, seed: int, directory: str) -> dict:
     x = posterior.samples
     last = result["history"][-1]
     return {"case": case, "algorithm": algorithm, "seed": seed, "particles": int(x.shape[0]),
+            "d": int(x.shape[1]), "overrides": dict(overrides or {}),
             "outcome": result["outcome"],
             "max_mean_error_sd": float(np.max(np.abs(x.mean(0) - mean) / sd)),
             "sd_ratio_min": float(np.min(x.std(0, ddof=1) / sd)),
@@ -100,6 +108,33 @@ def sweep(seeds) -> list:
     return rows
 
 
+def fed_sweep(args) -> None:
+    """Each (case, algorithm, d, N, kernel, seed) once, appended to ``args.out`` as it ends."""
+    doc = json.load(open(args.out)) if os.path.isfile(args.out) else {
+        "benchmark": "dsvgd_sweep", "passes": PASSES, "rounds": ROUNDS}
+    doc["machine"] = common.machine()
+    done = {(r["case"], r["algorithm"], r["d"], r["particles"], r["kernel"], r["seed"])
+            for r in doc.setdefault("runs", [])}
+    with tempfile.TemporaryDirectory() as directory:
+        for case in args.cases:
+            for algorithm in args.algorithms:
+                for d in args.dims:
+                    for n in args.particles:
+                        for kernel in args.kernels:
+                            for seed in args.seeds:
+                                if (case, algorithm, d + 1, n, kernel, seed) in done:
+                                    continue
+                                row = run_case(case, algorithm, seed, directory, d=d,
+                                               overrides={"dsvgd.num-particles": n,
+                                                          "dsvgd.kernel": kernel})
+                                row["kernel"] = kernel
+                                print(json.dumps(row), flush=True)
+                                doc["runs"].append(row)
+                                os.makedirs(os.path.dirname(args.out), exist_ok=True)
+                                with open(args.out, "w") as f:
+                                    json.dump(doc, f, indent=2, default=float)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", nargs="+", default=list(CASES))
@@ -108,7 +143,15 @@ def main() -> None:
                             "u-dsvgd-paper", "p-dsvgd-paper"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--fed-sweep", action="store_true")
+    p.add_argument("--dims", nargs="+", type=int, default=[2, 5, 10])
+    p.add_argument("--particles", nargs="+", type=int, default=[20, 50, 200])
+    p.add_argument("--kernels", nargs="+", default=["isotropic", "mahalanobis"])
+    p.add_argument("--out", default=SWEEP_OUT)
     args = p.parse_args()
+    if args.fed_sweep:
+        fed_sweep(args)
+        return
     doc = json.load(open(OUT)) if os.path.isfile(OUT) else {"benchmark": "dsvgd_defaults"}
     doc["machine"] = common.machine()
     if args.sweep:
